@@ -1,0 +1,60 @@
+"""vLLM's defaults for the flags a user did not give, per version (vllm/engine/arg_utils.py, vllm/config/*)."""
+
+from __future__ import annotations
+
+from oomguard.engines.vllm.versions import Version
+
+
+def gpu_memory_utilization(version: Version) -> float:
+    """CacheConfig.gpu_memory_utilization: 0.9 up to 0.19, 0.92 from 0.20 (vllm/config/cache.py)."""
+    return 0.92 if version >= (0, 20, 0) else 0.9
+
+
+def cuda_graphs_in_budget(version: Version) -> bool:
+    """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20 (vllm/envs.py); before 0.18 no estimate."""
+    return version >= (0, 20, 0)
+
+
+def batch_defaults(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,
+                   max_model_len: int, multimodal: bool) -> tuple[int, int, str]:
+    """(max_num_seqs, max_num_batched_tokens, why) before the min() post-processing.
+
+    V1: EngineArgs._set_default_args / get_batch_defaults (vllm/engine/arg_utils.py); usage_context is
+    "serve" (UsageContext.OPENAI_API_SERVER) or "llm" (UsageContext.LLM_CLASS).
+    V0: SchedulerConfig.__post_init__ (vllm/config.py).
+    """
+    gib = total_bytes / (1 << 30)
+    if engine == "v0":
+        if max_model_len > 32768:  # chunked prefill auto-enabled for long contexts on CUDA
+            return 256, 2048, "V0 with max_model_len > 32768 enables chunked prefill at 2048 tokens"
+        tokens = max(max_model_len, 5120 if multimodal else 2048)
+        return 256, tokens, "V0 without chunked prefill batches max(max_model_len, 2048) tokens"
+    is_a100 = "a100" in gpu_name.lower()
+    if version >= (0, 28, 0) and gib >= 160:
+        tier, seqs, tokens = ">=160 GiB", 1024, {"llm": 16384, "serve": 16384}
+    elif gib >= 70 and (version < (0, 9, 0) or not is_a100):
+        tier, seqs, tokens = ">=70 GiB, not A100", 1024, {"llm": 16384, "serve": 8192}
+    else:
+        tier, seqs, tokens = "other GPUs", 256, {"llm": 8192, "serve": 2048}
+    return seqs, tokens[usage_context], f"vLLM {usage_context} defaults for {tier} GPUs"
+
+
+def resolve_batch(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,
+                  max_model_len: int, multimodal: bool, max_num_seqs: int | None,
+                  max_num_batched_tokens: int | None) -> tuple[int, int, list[str]]:
+    """Apply defaults and vLLM's post-processing (_set_default_max_num_seqs_and_batched_tokens_args)."""
+    notes: list[str] = []
+    seqs_default, tokens_default, why = batch_defaults(version, engine, gpu_name, total_bytes, usage_context,
+                                                       max_model_len, multimodal)
+    seqs, tokens = max_num_seqs, max_num_batched_tokens
+    if tokens is None:
+        tokens = tokens_default
+        if engine == "v1":
+            if multimodal and version < (0, 20, 0):
+                tokens = max(tokens, 5120)
+            tokens = min((seqs or seqs_default) * max_model_len, tokens)
+        notes.append(f"max_num_batched_tokens={tokens} ({why})")
+    if seqs is None:
+        seqs = min(seqs_default, tokens) if engine == "v1" else seqs_default
+        notes.append(f"max_num_seqs={seqs} ({why})")
+    return seqs, tokens, notes

@@ -1,0 +1,152 @@
+"""vLLM's engine flags, with vLLM's own spellings (vllm/engine/arg_utils.py:EngineArgs.add_cli_args).
+
+One table serves `oomguard plan`'s options and the parsing of a pasted `vllm serve ...` or
+`python -m vllm.entrypoints.openai.api_server --model ...` command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from dataclasses import dataclass, fields
+
+from oomguard.errors import UsageError
+
+_HUMAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtKMGT]?)\s*$")
+
+
+def human_int(text: str) -> int:
+    """vLLM's human_readable_int: 1k=1000, 1K=1024, 8g=8e9, 8G=8*2**30 (utils/argparse_utils.py)."""
+    match = _HUMAN.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (examples: 8192, 32k, 32K, 8G)")
+    number, suffix = match.groups()
+    if suffix.isupper() and "." in number:
+        raise argparse.ArgumentTypeError(f"{text!r}: binary suffixes (K, M, G) take whole numbers")
+    power = "kmgt".index(suffix.lower()) + 1 if suffix else 0
+    return int(float(number) * (1024 if suffix.isupper() else 1000) ** power)
+
+
+def max_model_len(text: str) -> int:
+    """--max-model-len: a length, or -1 / 'auto' to let vLLM fit it to memory (>= 0.14)."""
+    if str(text).strip().lower() in ("auto", "-1"):
+        return -1
+    return human_int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+@dataclass(frozen=True)
+class Flag:
+    dest: str
+    options: tuple[str, ...]
+    type: object = None        # None: a boolean switch
+    help: str = ""
+    negatable: bool = False    # --x / --no-x (argparse.BooleanOptionalAction in vLLM)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("tensor_parallel_size", ("--tensor-parallel-size", "-tp"), int, "GPUs each layer is split over"),
+    Flag("pipeline_parallel_size", ("--pipeline-parallel-size", "-pp"), int, "pipeline stages"),
+    Flag("data_parallel_size", ("--data-parallel-size", "-dp"), int, "engine replicas"),
+    Flag("gpu_memory_utilization", ("--gpu-memory-utilization",), _positive_float,
+         "fraction of each GPU's total memory vLLM may use (default: the version's)"),
+    Flag("max_model_len", ("--max-model-len",), max_model_len, "context length (default: the model's); -1/auto"),
+    Flag("max_num_seqs", ("--max-num-seqs",), int, "requests scheduled at once"),
+    Flag("max_num_batched_tokens", ("--max-num-batched-tokens",), human_int, "tokens per scheduler step"),
+    Flag("dtype", ("--dtype",), str, "auto, half, float16, bfloat16, float32"),
+    Flag("quantization", ("--quantization", "-q"), str, "fp8, awq, gptq, bitsandbytes, ..."),
+    Flag("kv_cache_dtype", ("--kv-cache-dtype",), str, "auto, fp8, fp8_e4m3, fp8_e5m2"),
+    Flag("block_size", ("--block-size",), int, "tokens per KV block"),
+    Flag("enforce_eager", ("--enforce-eager",), None, "no CUDA graphs"),
+    Flag("enable_prefix_caching", ("--enable-prefix-caching",), None, "prefix caching on/off", negatable=True),
+    Flag("cpu_offload_gb", ("--cpu-offload-gb",), _positive_float, "GiB of weights per GPU kept in CPU memory"),
+    Flag("kv_cache_memory_bytes", ("--kv-cache-memory-bytes", "--kv-cache-memory"), human_int,
+         "fixed KV cache size per GPU (ignores --gpu-memory-utilization)"),
+    Flag("enable_expert_parallel", ("--enable-expert-parallel",), None, "split MoE experts over GPUs"),
+)
+
+ENGINE_DESTS = {f.dest for f in FLAGS}
+
+
+def _underscored(option: str) -> str:
+    return option.replace("-", "_", option.count("-") - 2) if option.startswith("--") else option
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add vLLM's flags (dashes or underscores, as vLLM's FlexibleArgumentParser accepts)."""
+    group = parser.add_argument_group("vLLM engine flags (vLLM's spellings)")
+    for flag in FLAGS:
+        options = list(flag.options) + [_underscored(o) for o in flag.options if o.startswith("--") and "-" in o[2:]]
+        if flag.type is None:
+            action = argparse.BooleanOptionalAction if flag.negatable else "store_true"
+            group.add_argument(*options, dest=flag.dest, action=action, default=None, help=flag.help)
+        else:
+            group.add_argument(*options, dest=flag.dest, type=flag.type, default=None, metavar="N"
+                               if flag.type in (int, human_int) else None, help=flag.help)
+
+
+def flags_from_args(args: argparse.Namespace) -> dict:
+    """The vLLM flags the user gave (None ones dropped)."""
+    return {f.dest: getattr(args, f.dest) for f in FLAGS if getattr(args, f.dest, None) is not None}
+
+
+@dataclass(frozen=True)
+class VllmCommand:
+    model: str | None
+    flags: dict
+    ignored: tuple[str, ...]
+
+
+class _QuietParser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"in the pasted vLLM command: {message}")
+
+
+def parse_vllm_command(argv: list[str] | str) -> VllmCommand:
+    """Read `vllm serve MODEL [flags]` or `python -m vllm.entrypoints.openai.api_server --model MODEL [flags]`."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    words = [w for w in words if w != "\\"]
+    # strip the launcher: env assignments, python -m module, vllm serve
+    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+        words.pop(0)
+    if words[:1] and words[0].endswith(("python", "python3")) or words[:1] == ["uv"]:
+        while words and words[0] != "-m":
+            words.pop(0)
+        words = words[2:]  # "-m module"
+    elif words[:2] == ["vllm", "serve"] or words[:1] and words[0].endswith("vllm") and words[1:2] == ["serve"]:
+        words = words[2:]
+    parser = _QuietParser(add_help=False)
+    add_flags(parser)
+    parser.add_argument("--model", dest="model_flag")
+    parser.add_argument("model_pos", nargs="?")
+    args, unknown = parser.parse_known_args(words)
+    model = args.model_flag or args.model_pos
+    ignored = tuple(u for u in unknown if u.startswith("-"))
+    return VllmCommand(model=model, flags=flags_from_args(args), ignored=ignored)
+
+
+def format_vllm_command(model: str, flags: dict) -> str:
+    """A `vllm serve` line with vLLM's spellings, flags in the table's order."""
+    parts = ["vllm", "serve", shlex.quote(model)]
+    for flag in FLAGS:
+        value = flags.get(flag.dest)
+        if value is None or value is False and not flag.negatable:
+            continue
+        option = flag.options[0]
+        if flag.type is None:
+            parts.append(option if value else f"--no-{option[2:]}")
+        else:
+            parts += [option, shlex.quote(str(value))]
+    return " ".join(parts)
+
+
+def engine_config_fields() -> set[str]:
+    from oomguard.engines.vllm.memory import EngineConfig
+    return {f.name for f in fields(EngineConfig)}

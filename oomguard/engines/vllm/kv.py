@@ -1,0 +1,134 @@
+"""KV cache layout: per-layer specs, grouping, blocks, tokens, concurrency and the fit check, per vLLM version.
+
+One small spec per attention kind (as vllm/v1/kv_cache_interface.py), each answering two questions:
+bytes per block page, and worst-case bytes one request of max_model_len needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oomguard.engines.vllm.versions import Version
+from oomguard.units import cdiv
+
+
+@dataclass(frozen=True)
+class KvSpec:
+    kind: str            # "full", "sliding", "chunked", "mla"
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype_bytes: int
+    window: int | None = None   # sliding window or attention chunk size
+
+    @property
+    def page_size_bytes(self) -> int:
+        """AttentionSpec.page_size_bytes (K and V) / MLAAttentionSpec (one latent tensor)."""
+        tensors = 1 if self.kind == "mla" else 2
+        return tensors * self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+
+    def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Worst-case bytes one request needs (each spec's max_memory_usage_bytes in kv_cache_interface.py)."""
+        if self.kind == "sliding":
+            tokens = min(self.window - 1 + in_flight_tokens, max_model_len)
+            return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
+        if self.kind == "chunked":
+            tokens = min(self.window + in_flight_tokens, max_model_len)
+            return cdiv(tokens, self.block_size) * self.page_size_bytes
+        return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class KvGroup:
+    spec: KvSpec
+    num_layers: int
+
+
+@dataclass(frozen=True)
+class KvLayout:
+    """The KV cache groups of one worker, as vllm/v1/core/kv_cache_utils.py:get_kv_cache_groups builds them."""
+
+    groups: tuple[KvGroup, ...]
+    group_size: int          # layers per group; each block holds group_size pages of every group
+    padding_layers: int = 0
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes one block id costs across all groups (num_blocks = available // this)."""
+        return self.group_size * self.groups[0].spec.page_size_bytes if len(self.groups) > 1 else \
+            self.groups[0].num_layers * self.groups[0].spec.page_size_bytes
+
+    @property
+    def block_size(self) -> int:
+        return min(g.spec.block_size for g in self.groups)
+
+    def blocks_per_request(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """Blocks one max-length request needs summed over groups (get_max_concurrency_for_kv_cache_config)."""
+        return sum(cdiv(g.spec.max_memory_usage_bytes(max_model_len, in_flight_tokens), g.spec.page_size_bytes)
+                   for g in self.groups)
+
+    def needed_bytes(self, max_model_len: int, in_flight_tokens: int, version: Version) -> int:
+        """KV bytes one request of max_model_len needs on this worker (check_enough_kv_cache_memory)."""
+        if version >= (0, 17, 0) and len(self.groups) > 1:
+            return self.group_size * self.groups[0].spec.page_size_bytes * self.blocks_per_request(
+                max_model_len, in_flight_tokens)
+        return sum(g.num_layers * g.spec.max_memory_usage_bytes(max_model_len, in_flight_tokens)
+                   for g in self.groups if g.num_layers)
+
+
+def build_layout(specs: list[KvSpec], hybrid_manager: bool = True) -> KvLayout:
+    """Group per-layer specs: one group if all equal, else groups of equal size per kind (uniform page size)."""
+    if not hybrid_manager:  # unify_hybrid_kv_cache_specs: windows become full attention
+        specs = [KvSpec("full", s.block_size, s.num_kv_heads, s.head_size, s.dtype_bytes)
+                 if s.kind in ("sliding", "chunked") else s for s in specs]
+    by_spec: dict[KvSpec, int] = {}
+    for spec in specs:
+        by_spec[spec] = by_spec.get(spec, 0) + 1
+    if len(by_spec) == 1:
+        (spec, count), = by_spec.items()
+        return KvLayout(groups=(KvGroup(spec, count),), group_size=count)
+    # _get_kv_cache_groups_uniform_page_size: group_size = fewest layers of any kind; split each kind
+    group_size = min(by_spec.values())
+    groups: list[KvGroup] = []
+    padding = 0
+    for spec, count in by_spec.items():
+        n_groups = cdiv(count, group_size)
+        padding += n_groups * group_size - count
+        groups.extend(KvGroup(spec, group_size) for _ in range(n_groups))
+    return KvLayout(groups=tuple(groups), group_size=group_size, padding_layers=padding)
+
+
+def num_blocks(layout: KvLayout, available_bytes: int) -> int:
+    """get_kv_cache_config_from_groups: blocks that fit in the available memory."""
+    return max(int(available_bytes // layout.bytes_per_block), 0)
+
+
+def max_concurrency(layout: KvLayout, blocks: int, max_model_len: int, in_flight_tokens: int,
+                    version: Version) -> float:
+    """'Maximum concurrency for L tokens per request: Xx' (get_max_concurrency_for_kv_cache_config)."""
+    if version < (0, 9, 0):
+        return blocks * layout.block_size / max_model_len
+    return blocks / max(layout.blocks_per_request(max_model_len, in_flight_tokens), 1)
+
+
+def kv_cache_tokens(layout: KvLayout, blocks: int, concurrency: float, max_model_len: int,
+                    version: Version) -> int:
+    """'GPU KV cache size: N tokens' (kv_cache_utils.py: blocks x block size up to 0.20, concurrency x L after)."""
+    if version >= (0, 21, 0):
+        return int(concurrency * max_model_len)
+    if version >= (0, 9, 0):
+        return blocks // len(layout.groups) * layout.block_size
+    return blocks * layout.block_size
+
+
+def estimate_max_model_len(layout: KvLayout, available_bytes: int, max_model_len: int, in_flight: int,
+                           version: Version) -> int:
+    """estimate_max_model_len: binary search for the longest request that fits (0 if none)."""
+    lo, hi, best = 1, max_model_len, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if layout.needed_bytes(mid, min(in_flight, mid), version) <= available_bytes:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best

@@ -1,0 +1,383 @@
+"""vLLM's startup memory, predicted per GPU as vLLM computes it, for a given version.
+
+Reads top to bottom like vLLM's own startup (vllm/v1/worker/gpu_worker.py, vllm/v1/core/kv_cache_utils.py):
+  requested = total x gpu_memory_utilization
+  available KV = requested - weights - activation peak - non-torch increase [- CUDA graphs, from 0.20]
+  blocks = available // bytes per block (min over workers); tokens and concurrency from the blocks
+  then the checks vLLM makes, in its order, each with vLLM's own error text.
+Pure: no I/O. Every figure carries its provenance (exact arithmetic, fitted estimate, or given).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from oomguard.engines.vllm import defaults, messages, profile
+from oomguard.engines.vllm.kv import (KvLayout, KvSpec, build_layout, estimate_max_model_len, kv_cache_tokens,
+                                      max_concurrency, num_blocks)
+from oomguard.engines.vllm.versions import Version, default_engine, fmt
+from oomguard.engines.vllm.weights import Parallel, padded_vocab, stage_weight_bytes
+from oomguard.errors import UsageError
+from oomguard.gpus.spec import GpuSpec
+from oomguard.models.spec import DTYPE_BYTES, ModelSpec, QuantSpec
+from oomguard.units import GiB
+
+KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1,
+                  "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4, "int8": 1}
+_DTYPES = {"auto": None, "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
+           "float32": "float32"}
+# --quantization values that load a matching pre-quantized checkpoint
+_SAME_METHOD = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq", "fp8": "fp8",
+                "compressed-tensors": "compressed-tensors", "mxfp4": "mxfp4", "modelopt_fp4": "modelopt_fp4",
+                "modelopt": "modelopt", "bitsandbytes": "bitsandbytes", "moe_wna16": None}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM engine settings, by vLLM's own argparse names. None means 'not given: vLLM's default applies'."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None          # -1: auto-fit (>= 0.14)
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    block_size: int | None = None
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    cpu_offload_gb: float = 0.0
+    kv_cache_memory_bytes: int | None = None
+    enable_expert_parallel: bool = False
+    usage_context: str = "serve"              # "serve" (vllm serve) or "llm" (the LLM class)
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """One GPU of one pipeline stage (all TP ranks of a stage are alike)."""
+
+    stage: int
+    layers: int
+    weights_bytes: int
+    activation_peak_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    kv_cache_bytes: int          # available for the KV cache on this worker
+    num_blocks: int              # blocks this worker alone could hold
+    bytes_per_block: int
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    model_id: str
+    gpu_name: str
+    gpu_count: int
+    vllm_version: str
+    engine: str
+    config: dict                 # the resolved settings (every default filled in)
+    total_memory_bytes: int
+    requested_memory_bytes: int
+    start_used_bytes: int
+    workers: tuple[WorkerMemory, ...]
+    cuda_graphs_in_budget: bool
+    num_gpu_blocks: int
+    block_size: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    starts: bool
+    error: str | None
+    error_class: str | None
+    estimated_max_model_len: int | None
+    needed_kv_bytes: int
+    headroom_bytes: int          # free on the tightest GPU once vLLM is up (KV, graphs, warm-up done)
+    assumptions: tuple[str, ...]
+    provenance: dict = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def first(self) -> WorkerMemory:
+        """The worker whose numbers vLLM prints ('Available KV cache memory' comes from the first rank)."""
+        return self.workers[0]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.first.kv_cache_bytes
+
+    def to_dict(self) -> dict:
+        w = self.first
+        out = {
+            "model": self.model_id, "gpu": self.gpu_name, "gpu_count": self.gpu_count,
+            "vllm_version": self.vllm_version, "engine": self.engine,
+            "total_memory_gib": _gib(self.total_memory_bytes), "requested_memory_gib": _gib(self.requested_memory_bytes),
+            "weights_gib": _gib(w.weights_bytes), "activation_peak_gib": _gib(w.activation_peak_bytes),
+            "non_torch_gib": _gib(w.non_torch_bytes), "cuda_graph_gib": _gib(w.cuda_graph_bytes),
+            "cuda_graphs_in_budget": self.cuda_graphs_in_budget,
+            "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
+            "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
+            "max_concurrency": round(self.max_concurrency, 2), "max_model_len": self.max_model_len,
+            "starts": self.starts, "estimated_max_model_len": self.estimated_max_model_len,
+            "error": self.error, "error_class": self.error_class, "headroom_gib": _gib(self.headroom_bytes),
+            "config": self.config, "assumptions": list(self.assumptions), "warnings": list(self.warnings),
+            "provenance": self.provenance,
+            "per_gpu": [{k: (_gib(v) if k.endswith("_bytes") and k != "bytes_per_block" else v)
+                         for k, v in asdict(x).items()} for x in self.workers],
+        }
+        return out
+
+
+def _gib(n: float) -> float:
+    return round(n / GiB, 2)
+
+
+def resolve_dtype(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec) -> tuple[str, list[str]]:
+    """ModelConfig dtype resolution (_resolve_auto_dtype): auto -> checkpoint dtype; fp32 is served in 16 bits."""
+    if cfg.dtype not in _DTYPES:
+        raise UsageError(f"unknown --dtype {cfg.dtype!r}: use auto, half, float16, bfloat16 or float32")
+    notes = []
+    dtype = _DTYPES[cfg.dtype] or model.dtype
+    if cfg.dtype == "auto" and dtype == "float32":
+        dtype = "bfloat16" if gpu.supports_bf16 else "float16"
+        notes.append(f"dtype auto: the float32 checkpoint is served in {dtype}")
+    if cfg.dtype == "auto" and model.quant and model.quant.method in ("awq", "gptq") and dtype == "bfloat16":
+        notes.append("AWQ/GPTQ checkpoints run in float16 unless a Marlin kernel is used (it is, on cc >= 8.0)")
+    return dtype, notes
+
+
+def resolve_quant(model: ModelSpec, cfg: EngineConfig) -> QuantSpec | None:
+    """Which quantization applies: the checkpoint's, or an online one (--quantization fp8 / bitsandbytes)."""
+    wanted = cfg.quantization
+    if wanted in (None, "", "none"):
+        return model.quant
+    if wanted not in _SAME_METHOD:
+        raise UsageError(f"--quantization {wanted!r} is not modelled; use one of {', '.join(sorted(_SAME_METHOD))}")
+    if model.quant:
+        same = _SAME_METHOD[wanted]
+        if same is None or same == model.quant.method:
+            return model.quant
+        raise UsageError(f"{model.model_id} is a {model.quant.method} checkpoint; --quantization {wanted} does not "
+                         f"match it: drop --quantization or use --quantization {model.quant.method}")
+    if wanted == "fp8":  # online dynamic FP8: weights become float8_e4m3 with one scale per tensor
+        return QuantSpec(method="fp8", bits=8, scale_bytes=4)
+    if wanted == "bitsandbytes":  # in-flight 4-bit NF4 with double quantization
+        return QuantSpec(method="bitsandbytes", bits=4, group_size=64, scale_bytes=1 + 4 / 256)
+    raise UsageError(f"{model.model_id} is not a {wanted} checkpoint; --quantization {wanted} needs a pre-quantized "
+                     "checkpoint (pick its id, e.g. an -AWQ or -GPTQ repository) or use --quantization fp8")
+
+
+def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
+    """CudaPlatform block size: 16, or the MLA backend's (FlashMLA 64 on Hopper, CUTLASS MLA 128 on Blackwell)."""
+    if model.mla:
+        if gpu.compute_capability >= (10, 0) and version >= (0, 10, 0):
+            return 128
+        if gpu.compute_capability >= (9, 0) and (0, 8, 0) <= version < (0, 18, 0):
+            return 64
+    return 16
+
+
+def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
+    specs = []
+    for i in layers:
+        kind = model.layer_attention[i]
+        if kind == "mla":
+            m = model.mla
+            specs.append(KvSpec("mla", block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+        else:
+            window = model.sliding_window if kind == "sliding" else model.attention_chunk_size if kind == "chunked" else None
+            specs.append(KvSpec(kind, block_size, max(1, model.num_kv_heads // tp), model.head_dim, kv_bytes, window))
+    return specs
+
+
+def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    if tp < 1 or pp < 1 or cfg.data_parallel_size < 1:
+        raise UsageError("parallel sizes must be positive integers")
+    if model.num_heads % tp:
+        good = [d for d in range(1, min(gpu_count, model.num_heads) + 1) if model.num_heads % d == 0]
+        raise UsageError(f"{messages.tp_heads(model.num_heads, tp)} Use --tensor-parallel-size in {good}")
+    if tp * pp * cfg.data_parallel_size > gpu_count:
+        raise UsageError(f"tensor x pipeline x data parallel = {tp * pp * cfg.data_parallel_size} GPUs but only "
+                         f"{gpu_count} given: raise --gpu-count or lower the parallel sizes")
+    if pp > model.num_layers:
+        raise UsageError(f"--pipeline-parallel-size {pp} exceeds the model's {model.num_layers} layers")
+    util = cfg.gpu_memory_utilization
+    if util is not None and not 0 < util <= 1:
+        raise UsageError(f"--gpu-memory-utilization must be in (0, 1], got {util}")
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if cfg.max_model_len is not None and cfg.max_model_len <= 0 and cfg.max_model_len != -1:
+        raise UsageError(f"--max-model-len must be positive (or -1/auto), got {cfg.max_model_len}")
+    if cfg.kv_cache_dtype not in KV_DTYPE_BYTES:
+        raise UsageError(f"unknown --kv-cache-dtype {cfg.kv_cache_dtype!r}: use auto, fp8, fp8_e4m3 or fp8_e5m2")
+    if cfg.cpu_offload_gb < 0:
+        raise UsageError("--cpu-offload-gb must be >= 0")
+    if cfg.kv_cache_memory_bytes is not None and cfg.kv_cache_memory_bytes <= 0:
+        raise UsageError("--kv-cache-memory-bytes must be positive")
+    if cfg.usage_context not in ("serve", "llm"):
+        raise UsageError("usage context must be 'serve' or 'llm'")
+
+
+def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version, gpu_count: int = 1,
+            engine: str | None = None, free_memory_bytes: int | None = None,
+            coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS) -> MemoryReport:
+    """What vLLM `version` does with the memory of each GPU at startup, and whether it starts."""
+    validate(model, cfg, gpu_count)
+    engine = engine or default_engine(version)
+    notes: list[str] = []
+    warnings: list[str] = []
+    tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+    par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel)
+    total = gpu.total_memory_bytes
+    dtype, dtype_notes = resolve_dtype(model, cfg, gpu)
+    notes += dtype_notes
+    act_bytes = DTYPE_BYTES[dtype]
+    quant = resolve_quant(model, cfg)
+    model_q = model if quant is model.quant else _with_quant(model, quant)
+
+    util = cfg.gpu_memory_utilization
+    if util is None:
+        util = defaults.gpu_memory_utilization(version)
+        notes.append(f"gpu_memory_utilization={util} (vLLM {fmt(version)} default)")
+    requested = math.ceil(total * util) if version >= (0, 14, 0) else int(total * util)
+
+    error = error_class = None
+    max_len = cfg.max_model_len
+    auto_fit = max_len == -1 and version >= (0, 14, 0)
+    if max_len is None or max_len == -1:
+        max_len = model.derived_max_model_len
+        notes.append(f"max_model_len={max_len} (derived from config.json)")
+    elif max_len > model.derived_max_model_len:
+        error, error_class = messages.max_len_above_derived(max_len, model.derived_max_model_len), "context_too_long"
+
+    multimodal = model.vision is not None
+    seqs, tokens, batch_notes = defaults.resolve_batch(version, engine, gpu.name, total, cfg.usage_context, max_len,
+                                                       multimodal, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    notes += batch_notes
+    if engine == "v1" and tokens < seqs and error is None:
+        raise UsageError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})")
+    kv_bytes = KV_DTYPE_BYTES[cfg.kv_cache_dtype] or act_bytes
+    block_size = cfg.block_size or default_block_size(model, gpu, version)
+    if cfg.block_size is None and block_size != 16:
+        notes.append(f"block_size={block_size} (the MLA attention backend's)")
+    # in-flight tokens bound the sliding-window worst case; async scheduling doubles them from 0.26
+    in_flight = tokens * (2 if version >= (0, 26, 0) and pp == 1 else 1)
+    hybrid_manager = engine == "v1" and version >= (0, 9, 0) and not (
+        model.attention_chunk_size and version >= (0, 11, 0))  # chunked-local disables it (0.11+)
+    num_reqs = min(seqs, tokens)
+    in_budget = engine == "v1" and defaults.cuda_graphs_in_budget(version)
+    start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients)
+    free_at_start = total - start_used if free_memory_bytes is None else free_memory_bytes
+    if free_memory_bytes is not None:
+        start_used = total - free_memory_bytes
+    offload_left = int(cfg.cpu_offload_gb * GiB)
+
+    workers: list[WorkerMemory] = []
+    layouts: list[KvLayout] = []
+    for stage in range(pp):
+        layers = par.stage_layers(model.num_layers, stage)
+        weights = stage_weight_bytes(model_q, par, stage, act_bytes)
+        if offload_left:  # maybe_offload_to_cpu moves whole layers' parameters until the budget is used
+            moved = min(offload_left, int(weights * 0.95))
+            weights -= moved
+        activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
+                                                   stage == pp - 1, act_bytes, coefficients)
+        non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients)
+        graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients)
+        if cfg.kv_cache_memory_bytes is not None and engine == "v1" and version >= (0, 11, 0):
+            available = cfg.kv_cache_memory_bytes
+        else:
+            available = requested - weights - activation - non_torch - (graphs if in_budget else 0)
+        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes), hybrid_manager)
+        layouts.append(layout)
+        workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, int(available),
+                                    num_blocks(layout, int(available)), layout.bytes_per_block))
+
+    blocks = min(w.num_blocks for w in workers)
+    tight = min(range(pp), key=lambda s: workers[s].kv_cache_bytes)
+    layout, avail_min = layouts[tight], workers[tight].kv_cache_bytes
+    fit_available = avail_min - (layout.bytes_per_block if version >= (0, 30, 0) else 0)
+    if auto_fit:
+        fitted = estimate_max_model_len(layout, fit_available, max_len, in_flight, version)
+        if fitted and fitted < max_len:
+            notes.append(f"max_model_len auto-fit reduced {max_len} to {fitted}")
+            max_len = fitted
+    needed = max(layout.needed_bytes(max_len, in_flight, version) for layout in layouts)
+    estimated = None
+
+    # vLLM's checks, in the order it makes them
+    weights_max = max(w.weights_bytes for w in workers)
+    if error is None and gpu.compute_capability < (8, 0) and dtype == "bfloat16":
+        error, error_class = messages.bf16_unsupported(gpu.name, gpu.compute_capability), "dtype_capability"
+    if error is None and engine == "v1" and version >= (0, 9, 0) and free_at_start < requested:
+        error, error_class = messages.free_memory_too_low(version, free_at_start, total, util, requested), \
+            "gpu_memory_in_use"
+    if error is None and start_used + weights_max + max(w.non_torch_bytes for w in workers) > total:
+        error, error_class = messages.weights_oom(total - start_used - weights_max, total), "oom_weights_load"
+    if error is None and start_used + weights_max + max(w.activation_peak_bytes for w in workers) > total:
+        error, error_class = "CUDA out of memory during the profile run (torch.OutOfMemoryError in profile_run)", \
+            "oom_profiling_or_graph"
+    if error is None and avail_min <= 0:
+        error, error_class = messages.no_cache_memory(version, engine), "no_cache_blocks"
+    if error is None:
+        if engine == "v0":
+            v0_tokens = block_size * blocks // (pp if version >= (0, 10, 0) else 1)
+            if max_len > v0_tokens:
+                error, error_class = messages.kv_too_small(version, engine, max_len, needed, avail_min, 0,
+                                                           v0_tokens), "kv_cache_too_small"
+        elif needed > fit_available:
+            estimated = estimate_max_model_len(layout, fit_available, max_len, in_flight, version)
+            error = messages.kv_too_small(version, engine, max_len, needed, fit_available, estimated, 0)
+            error_class = "kv_cache_too_small"
+    # After KV allocation: graphs are captured (outside the budget before 0.20), then the sampler warms up
+    # with num_reqs dummy requests (gpu_worker.compile_or_warm_up_model) in whatever memory is left.
+    headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
+                   - w.cuda_graph_bytes for w in workers)
+    sampler_need = int(profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, coefficients))
+    if error is None and engine == "v1" and headroom < sampler_need:
+        error, error_class = messages.sampler_warmup_oom(num_reqs), "oom_profiling_or_graph"
+    headroom -= sampler_need if engine == "v1" else 0
+    if error is None and headroom < 0.5 * GiB:
+        warnings.append(f"only {_gib(headroom)} GiB stays free once vLLM is up: a burst or fragmentation can OOM; "
+                        "lower --gpu-memory-utilization")
+
+    concurrency = max_concurrency(layout, blocks, max_len, in_flight, version)
+    report_tokens = kv_cache_tokens(layout, blocks, concurrency, max_len, version)
+    if not in_budget and engine == "v1" and not cfg.enforce_eager:
+        notes.append(f"CUDA graphs (~{_gib(workers[0].cuda_graph_bytes)} GiB) are captured outside the KV budget in "
+                     f"vLLM {fmt(version)}")
+    estimate = "estimate (fitted to real vLLM startup logs)"
+    provenance = {
+        "weights_gib": "exact arithmetic from config.json" + (" (vision tower estimated)" if model.vision else ""),
+        "activation_peak_gib": estimate, "non_torch_gib": estimate, "cuda_graph_gib": estimate,
+        "kv_cache_gib": "given (--kv-cache-memory-bytes)" if cfg.kv_cache_memory_bytes else
+        "requested memory minus the figures above", "kv_cache_tokens": "exact arithmetic from the KV budget",
+        "num_gpu_blocks": "exact arithmetic from the KV budget", "max_concurrency": "exact arithmetic from the blocks",
+        "total_memory_gib": "GPU catalog (what CUDA reports)" if free_memory_bytes is None else "measured free memory",
+    }
+    resolved = {
+        "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": cfg.data_parallel_size,
+        "gpu_memory_utilization": util, "max_model_len": max_len, "max_num_seqs": seqs,
+        "max_num_batched_tokens": tokens, "dtype": dtype, "quantization": quant.method if quant else None,
+        "kv_cache_dtype": cfg.kv_cache_dtype, "block_size": block_size, "enforce_eager": cfg.enforce_eager,
+        "enable_prefix_caching": cfg.enable_prefix_caching, "cpu_offload_gb": cfg.cpu_offload_gb,
+        "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes, "enable_expert_parallel": cfg.enable_expert_parallel,
+    }
+    return MemoryReport(
+        model_id=model.model_id, gpu_name=gpu.name, gpu_count=gpu_count, vllm_version=fmt(version), engine=engine,
+        config=resolved, total_memory_bytes=total, requested_memory_bytes=requested, start_used_bytes=start_used,
+        workers=tuple(workers), cuda_graphs_in_budget=in_budget, num_gpu_blocks=blocks, block_size=block_size,
+        kv_cache_tokens=report_tokens, max_concurrency=concurrency, max_model_len=max_len,
+        starts=error is None, error=error, error_class=error_class, estimated_max_model_len=estimated,
+        needed_kv_bytes=needed, headroom_bytes=int(headroom), assumptions=tuple(notes), provenance=provenance,
+        warnings=tuple(warnings),
+    )
+
+
+def _with_quant(model: ModelSpec, quant: QuantSpec | None) -> ModelSpec:
+    return replace(model, quant=quant)

@@ -1,0 +1,142 @@
+"""Where ModelSpecs come from: the embedded catalog, a config.json / model directory, or the HF hub (optional).
+
+The catalog is one JSON file per checkpoint under `models/catalog/` (package data), read only when asked for.
+With a model directory holding safetensors files, weight bytes come exactly from the safetensors headers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import struct
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from oomguard.errors import UsageError
+from oomguard.models.spec import ModelSpec, parse_config
+
+_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8, "F4": 0.5}
+
+
+def _catalog_dir():
+    return resources.files("oomguard.models") / "catalog"
+
+
+@lru_cache(maxsize=1)
+def catalog_ids() -> dict[str, str]:
+    """Lower-cased id (and short name) -> file name. Lists the directory; reads no file."""
+    ids: dict[str, str] = {}
+    for entry in _catalog_dir().iterdir():
+        if entry.name.endswith(".json"):
+            model_id = entry.name[:-5].replace("--", "/", 1)
+            ids[model_id.lower()] = entry.name
+            ids.setdefault(model_id.split("/", 1)[-1].lower(), entry.name)
+    return ids
+
+
+def catalog_entry(model_id: str) -> dict | None:
+    name = catalog_ids().get(model_id.strip().lower())
+    if name is None:
+        return None
+    return json.loads((_catalog_dir() / name).read_text())
+
+
+def from_catalog(model_id: str) -> ModelSpec:
+    entry = catalog_entry(model_id)
+    if entry is None:
+        close = difflib.get_close_matches(model_id.lower(), catalog_ids(), n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"model {model_id!r} is not in the offline catalog.{hint} Pass its config.json or model "
+                         "directory with --model-config PATH (or install oomguard[hub] when the hub is reachable)")
+    return parse_config(entry["config"], entry["id"], entry.get("safetensors_total_bytes"), entry.get("source_url", ""))
+
+
+def safetensors_bytes(directory: Path) -> int | None:
+    """Exact tensor bytes of a checkpoint: the index's total_size, else the sum over every file's header."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+            if isinstance(total, int) and total > 0:
+                return total
+        except (OSError, ValueError):
+            pass
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        return None
+    return sum(_header_bytes(f) for f in files)
+
+
+def _header_bytes(path: Path) -> int:
+    """Sum of tensor sizes from one safetensors header (8-byte little-endian length, then JSON)."""
+    try:
+        with path.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100_000_000:
+                raise ValueError("header too large")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        raise UsageError(f"{path} is not a readable safetensors file ({exc}); point --model-config at the "
+                         "config.json alone to plan from the config") from exc
+    total = 0
+    for name, tensor in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = tensor["data_offsets"]
+        total += end - start
+    return total
+
+
+def from_path(path: str, model_id: str | None = None) -> ModelSpec:
+    """--model-config PATH: a config.json file, or a model directory (config.json + optional safetensors)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UsageError(f"--model-config {path}: no such file or directory")
+    config_file = p / "config.json" if p.is_dir() else p
+    if not config_file.is_file():
+        raise UsageError(f"--model-config {path}: the directory has no config.json")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"{config_file} is not UTF-8 text; pass a Hugging Face config.json") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{config_file} is not valid JSON (line {exc.lineno}: {exc.msg}); pass a Hugging Face "
+                         "config.json") from None
+    weights = safetensors_bytes(p) if p.is_dir() else None
+    name = model_id or (p.name if p.is_dir() else p.parent.name) or "local-model"
+    return parse_config(config, name, weights, str(config_file))
+
+
+def from_hub(model_id: str) -> ModelSpec | None:
+    """Fetch config.json (and safetensors metadata) from the HF hub when huggingface_hub is installed and reachable."""
+    try:
+        from huggingface_hub import get_safetensors_metadata, hf_hub_download
+    except ImportError:
+        return None
+    try:
+        config_path = hf_hub_download(model_id, "config.json")
+        config = json.loads(Path(config_path).read_text())
+    except Exception:  # offline, gated, missing: the caller reports the catalog error instead
+        return None
+    weights = None
+    try:
+        meta = get_safetensors_metadata(model_id)
+        weights = sum(sum(n * _DTYPE_SIZE.get(dt, 2) for dt, n in fm.parameter_count.items())
+                      for fm in meta.files_metadata.values())
+    except Exception:
+        pass
+    return parse_config(config, model_id, weights, f"hub:{model_id}")
+
+
+def load_model(model: str | None, model_config: str | None = None) -> ModelSpec:
+    if model_config:
+        return from_path(model_config, model)
+    if not model:
+        raise UsageError("give a model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or --model-config PATH")
+    if catalog_entry(model) is not None:
+        return from_catalog(model)
+    if Path(model).expanduser().is_dir():
+        return from_path(model)
+    return from_hub(model) or from_catalog(model)

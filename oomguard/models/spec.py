@@ -1,0 +1,386 @@
+"""ModelSpec: what a memory model needs to know about a checkpoint, parsed from its Hugging Face config.json.
+
+Pure: `parse_config(config, model_id)` takes the decoded JSON object; file and hub I/O live in `models/load.py`.
+The parser understands nested `text_config` (vision-language models), GQA/MQA, explicit `head_dim`,
+sliding-window and interleaved local/global attention, Llama-4 chunked local attention, MLA (DeepSeek V2/V3,
+Kimi), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss, Llama 4) and quantization_config blocks.
+Architectures it cannot model faithfully (linear attention, Mamba hybrids) are refused, never approximated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from oomguard.errors import NotSupportedError, UsageError
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "half": "float16", "fp16": "float16", "bf16": "bfloat16"}
+
+# HF keys vLLM reads to derive the model's context length (vllm/config/model.py:_get_and_verify_max_len)
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# RoPE types whose factor does not extend the derived length (same function)
+_ROPE_NO_SCALE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+
+_UNSUPPORTED_TYPES = {
+    "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "nemotron_h", "zamba2", "granitemoehybrid", "plamo2",
+    "qwen3_next", "minimax", "minimax_m1", "lfm2", "kimi_linear", "rwkv", "recurrent_gemma",
+}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How linear weights are stored. `bits` per weight; scales and zero points per `group_size` inputs."""
+
+    method: str                       # vLLM quantization method name: fp8, awq, gptq, compressed-tensors, ...
+    bits: int                         # 16 means unquantized weights (e.g. KV-only schemes)
+    group_size: int | None = None     # None: per-channel / per-tensor
+    zero_point: bool = False
+    block: tuple[int, int] | None = None   # FP8 block quantization [out, in]
+    ignored: tuple[str, ...] = ()     # module name patterns kept in the model dtype
+    lm_head_quantized: bool = False
+    experts_only: bool = False        # MXFP4 (gpt-oss): only MoE experts are quantized
+    scale_bytes: float = 2.0          # bytes per scale value
+
+    def bytes_per_param(self) -> float:
+        """Storage per quantized weight, scales and zero points included (vllm/model_executor/layers/quantization/*)."""
+        per = self.bits / 8
+        if self.group_size:
+            per += self.scale_bytes / self.group_size + (self.bits / 8 / self.group_size if self.zero_point else 0)
+        if self.block:
+            per += 4 / (self.block[0] * self.block[1])  # fp32 weight_scale_inv per block
+        return per
+
+    def quantizes(self, module: str) -> bool:
+        if any(pattern and pattern in module for pattern in self.ignored):
+            return False
+        if self.experts_only:
+            return module.startswith("experts")
+        return True
+
+
+@dataclass(frozen=True)
+class MlaSpec:
+    """Multi-head latent attention (DeepSeek V2/V3): one latent of kv_lora_rank + rope dims per token per layer."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    shared_intermediate_size: int     # total width of always-on shared experts (0 if none)
+    moe_layers: tuple[bool, ...]      # per decoder layer: MoE block (True) or dense MLP (False)
+    shared_expert_gate: bool = False  # Qwen2-MoE has a 1-wide sigmoid gate on the shared expert
+    router_bias: bool = False
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """A vision tower, counted for its weights only (kept unquantized in the model dtype)."""
+
+    params: int
+    note: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_id: str
+    architecture: str
+    model_type: str
+    dtype: str                          # checkpoint dtype (torch_dtype/dtype): bfloat16, float16, float32
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    derived_max_model_len: int
+    tie_word_embeddings: bool
+    layer_attention: tuple[str, ...]    # per layer: "full", "sliding", "chunked" or "mla"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    norms_per_layer: int = 2
+    mla: MlaSpec | None = None
+    moe: MoeSpec | None = None
+    quant: QuantSpec | None = None
+    vision: VisionSpec | None = None
+    rope_cache_positions: tuple[int, ...] = ()   # one cos/sin cache per distinct RoPE (vllm get_rope caches them)
+    rotary_dim: int = 0
+    checkpoint_bytes: int | None = None          # exact, from safetensors metadata, when known
+    source: str = ""
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def kv_heads_or_latent(self) -> str:
+        return "MLA" if self.mla else f"{self.num_kv_heads} KV heads"
+
+
+def _norm_dtype(value: object) -> str | None:
+    if not isinstance(value, str):
+        return None
+    name = value.replace("torch.", "").lower()
+    name = _DTYPE_ALIASES.get(name, name)
+    return name if name in DTYPE_BYTES else None
+
+
+def _int(cfg: dict, *keys: str, default: int | None = None) -> int | None:
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)) and value == value:
+            return int(value)
+    return default
+
+
+def _require(value: int | None, what: str, model_id: str) -> int:
+    if value is None or value <= 0:
+        raise UsageError(f"config.json of {model_id} has no valid {what}; pass a complete config with --model-config")
+    return value
+
+
+def derived_max_len(cfg: dict) -> int:
+    """The context length vLLM derives from config.json (vllm/config/model.py:_get_and_verify_max_len)."""
+    lengths = [v for k in _MAX_LEN_KEYS if isinstance(v := cfg.get(k), int) and not isinstance(v, bool) and v > 0]
+    length = min(lengths) if lengths else 2048
+    rope = cfg.get("rope_scaling") or {}
+    if isinstance(rope, dict):
+        rope_type = rope.get("rope_type") or rope.get("type")
+        factor = rope.get("factor")
+        if rope_type not in _ROPE_NO_SCALE and isinstance(factor, (int, float)) and cfg.get("model_type") != "gemma3_text":
+            if rope_type == "dynamic":
+                pass  # dynamic NTK keeps the derived length
+            else:
+                length = int(length * factor)
+    return length
+
+
+def _layer_attention(cfg: dict, num_layers: int, model_type: str) -> tuple[tuple[str, ...], int | None, int | None]:
+    """Per-layer attention kind, mirroring how each vLLM model file picks its attention per layer."""
+    window = _int(cfg, "sliding_window")
+    chunk = _int(cfg, "attention_chunk_size")
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == num_layers and window:
+        kinds = tuple("sliding" if str(t).startswith("sliding") else "full" for t in layer_types)
+        return kinds, window, None
+    if model_type == "llama4_text" and chunk:
+        # vllm/model_executor/models/llama4.py: NoPE layers (no_rope_layers[i] == 0) attend globally
+        nope = cfg.get("no_rope_layers") or []
+        interval = _int(cfg, "no_rope_layer_interval", default=4)
+        if len(nope) == num_layers:
+            kinds = tuple("full" if flag == 0 else "chunked" for flag in nope)
+        else:
+            kinds = tuple("full" if (i + 1) % interval == 0 else "chunked" for i in range(num_layers))
+        return kinds, None, chunk
+    if model_type == "gemma2" and window:
+        # vllm/model_executor/models/gemma2.py: even layers use the sliding window
+        return tuple("sliding" if i % 2 == 0 else "full" for i in range(num_layers)), window, None
+    if model_type in ("gemma3_text", "gemma3") and window:
+        pattern = _int(cfg, "sliding_window_pattern", "_sliding_window_pattern", default=6)
+        return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)), window, None
+    if window and cfg.get("use_sliding_window", True) is not False and model_type in ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "starcoder2"):
+        # A config-wide window applies to every layer (Mistral v0.1, Phi-3); Qwen sets use_sliding_window=false
+        max_window_layers = _int(cfg, "max_window_layers")
+        if model_type.startswith("qwen") and max_window_layers is not None:
+            return tuple("sliding" if i >= max_window_layers else "full" for i in range(num_layers)), window, None
+        return tuple("sliding" for _ in range(num_layers)), window, None
+    return tuple("full" for _ in range(num_layers)), None, None
+
+
+def _quant_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    ignored = tuple(str(x) for x in (qc.get("ignored_layers") or qc.get("modules_to_not_convert")
+                                      or qc.get("ignore") or qc.get("llm_int8_skip_modules") or []))
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin"):
+        bits = _int(qc, "bits", "w_bit", default=4)
+        group = _int(qc, "group_size", "q_group_size", default=128)
+        return QuantSpec(method=method.replace("_marlin", ""), bits=bits, group_size=None if group == -1 else group,
+                         zero_point=True, ignored=ignored, lm_head_quantized=bool(qc.get("lm_head", False)))
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return QuantSpec(method="fp8", bits=8, block=tuple(block) if block else None, ignored=ignored, scale_bytes=4)
+    if method == "mxfp4":
+        # gpt-oss: MoE experts in MXFP4 (4-bit values + one uint8 scale per 32), attention and router in bf16
+        return QuantSpec(method="mxfp4", bits=4, group_size=32, scale_bytes=1, experts_only=True, ignored=ignored)
+    if method in ("modelopt", "modelopt_fp4", "nvfp4"):
+        algo = str(qc.get("quant_algo", "")).upper()
+        if "FP4" in algo or method != "modelopt":
+            return QuantSpec(method="modelopt_fp4", bits=4, group_size=16, scale_bytes=1, ignored=ignored)
+        return QuantSpec(method="modelopt", bits=8, ignored=ignored, scale_bytes=4)
+    if method == "bitsandbytes":
+        if qc.get("load_in_8bit"):
+            return QuantSpec(method="bitsandbytes", bits=8, ignored=ignored, scale_bytes=0)
+        double = bool(qc.get("bnb_4bit_use_double_quant"))
+        # absmax per 64 values: fp32, or uint8 + fp32 per 256 with double quantization
+        return QuantSpec(method="bitsandbytes", bits=4, group_size=64, scale_bytes=(1 + 4 / 256) if double else 4,
+                         ignored=ignored)
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        scheme = next(iter(groups.values()), {}) if isinstance(groups, dict) else {}
+        weights = scheme.get("weights") or {}
+        bits = _int(weights, "num_bits", default=8)
+        wtype = str(weights.get("type", "int"))
+        strategy = str(weights.get("strategy", "channel"))
+        group = _int(weights, "group_size") if strategy == "group" else None
+        block = weights.get("block_structure") if strategy == "block" else None
+        if wtype == "float" and bits == 8:
+            return QuantSpec(method="compressed-tensors", bits=8, block=tuple(block) if block else None,
+                             ignored=ignored, scale_bytes=4 if block else 2)
+        if wtype == "float" and bits == 4:
+            return QuantSpec(method="compressed-tensors", bits=4, group_size=group or 16, scale_bytes=1, ignored=ignored)
+        return QuantSpec(method="compressed-tensors", bits=bits, group_size=group, ignored=ignored,
+                         zero_point=not weights.get("symmetric", True))
+    if method in ("", "none"):
+        return None
+    raise NotSupportedError(f"quantization method {method!r} in {model_id}'s config.json is not modelled yet")
+
+
+def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
+    experts = _int(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+    if not experts or experts <= 1:
+        return None
+    top_k = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token", default=2)
+    expert_inter = _int(cfg, "moe_intermediate_size", "intermediate_size_moe", "intermediate_size")
+    shared = 0
+    if (n_shared := _int(cfg, "n_shared_experts", "num_shared_experts")) and expert_inter:
+        shared = n_shared * expert_inter
+    shared = _int(cfg, "shared_expert_intermediate_size", default=shared) or 0
+    if model_type == "llama4_text":
+        shared = _int(cfg, "intermediate_size", default=0) if cfg.get("num_shared_experts", 1) else 0
+        expert_inter = _int(cfg, "intermediate_size", default=expert_inter)
+    first_dense = _int(cfg, "first_k_dense_replace", default=0) or 0
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    interleave = _int(cfg, "interleave_moe_layer_step")
+    layers = []
+    for i in range(num_layers):
+        if interleave:  # Llama 4 (llama4.py): every `interleave`-th layer is MoE
+            layers.append((i + 1) % interleave == 0)
+        elif "decoder_sparse_step" in cfg:  # Qwen MoE (qwen2_moe.py / qwen3_moe.py)
+            layers.append(i not in mlp_only and (i + 1) % (_int(cfg, "decoder_sparse_step") or 1) == 0)
+        else:  # DeepSeek (deepseek_v2.py): dense for the first k layers, then every moe_layer_freq-th
+            layers.append(i >= first_dense and i % (_int(cfg, "moe_layer_freq", default=1) or 1) == 0)
+    return MoeSpec(num_experts=experts, top_k=top_k or 2, expert_intermediate_size=expert_inter or 0,
+                   shared_intermediate_size=shared, moe_layers=tuple(layers),
+                   shared_expert_gate=model_type == "qwen2_moe", router_bias=model_type == "gpt_oss")
+
+
+def _vision_spec(cfg: dict) -> VisionSpec | None:
+    """Weights of a vision tower from its vision_config: a ViT of `depth` blocks plus patch embedding and merger.
+
+    This is an estimate (the exact layout differs per family); the planner marks it as such.
+    """
+    vc = cfg.get("vision_config")
+    if not isinstance(vc, dict):
+        return None
+    hidden = _int(vc, "hidden_size", "embed_dim", "width")
+    depth = _int(vc, "num_hidden_layers", "depth", "layers")
+    if not hidden or not depth:
+        return None
+    inter = _int(vc, "intermediate_size", "mlp_dim", default=4 * hidden)
+    patch = _int(vc, "patch_size", default=14)
+    channels = _int(vc, "num_channels", "in_channels", "in_chans", default=3)
+    temporal = _int(vc, "temporal_patch_size", default=1)
+    gated = str(vc.get("hidden_act", "")).lower() in ("silu", "swiglu") or vc.get("model_type") == "qwen2_5_vl"
+    mlp = (3 if gated else 2) * hidden * inter
+    block = 4 * hidden * hidden + mlp + 4 * hidden + 2 * hidden  # qkvo, mlp, biases, norms
+    params = depth * block + channels * temporal * patch * patch * hidden
+    out_hidden = _int(vc, "out_hidden_size", default=None) or _int(cfg.get("text_config") or cfg, "hidden_size", default=hidden)
+    merge = _int(vc, "spatial_merge_size", default=1) or 1
+    params += hidden * merge * merge * out_hidden + out_hidden * out_hidden  # projector / patch merger
+    extra = _int(vc, "num_global_layers", default=0) or 0  # Mllama's global encoder layers
+    params += extra * block
+    return VisionSpec(params=params, note=f"vision tower estimated from vision_config ({depth} blocks of width {hidden})")
+
+
+def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = None, source: str = "") -> ModelSpec:
+    """Build a ModelSpec from a decoded config.json. Raises UsageError / NotSupportedError with what to do."""
+    if not isinstance(config, dict):
+        raise UsageError(f"config.json of {model_id} is not a JSON object; pass a Hugging Face config.json with --model-config")
+    top = config
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    model_type = str(text.get("model_type") or top.get("model_type") or "")
+    top_type = str(top.get("model_type") or model_type)
+    if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
+            or text.get("hybrid_override_pattern") or text.get("linear_attn_config"):
+        raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); "
+                                "oomguard does not model its state cache yet")
+    archs = top.get("architectures") or text.get("architectures") or [top_type or "unknown"]
+    architecture = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
+
+    hidden = _require(_int(text, "hidden_size", "n_embd", "d_model"), "hidden_size", model_id)
+    num_layers = _require(_int(text, "num_hidden_layers", "n_layer", "num_layers"), "num_hidden_layers", model_id)
+    heads = _require(_int(text, "num_attention_heads", "n_head"), "num_attention_heads", model_id)
+    kv_heads = _int(text, "num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num")
+    if kv_heads is None:
+        kv_heads = 1 if text.get("multi_query") else heads
+    head_dim = _int(text, "head_dim") or hidden // heads
+    vocab = _require(_int(text, "vocab_size") or _int(top, "vocab_size"), "vocab_size", model_id)
+    inter = _int(text, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+
+    dtype = _norm_dtype(text.get("torch_dtype") or text.get("dtype") or top.get("torch_dtype") or top.get("dtype"))
+    if dtype is None:
+        dtype = "float32" if "torch_dtype" not in text and "torch_dtype" not in top else "bfloat16"
+
+    mla = None
+    if _int(text, "kv_lora_rank"):
+        mla = MlaSpec(kv_lora_rank=_int(text, "kv_lora_rank"), qk_rope_head_dim=_int(text, "qk_rope_head_dim", default=64),
+                      qk_nope_head_dim=_int(text, "qk_nope_head_dim", default=128),
+                      v_head_dim=_int(text, "v_head_dim", default=128), q_lora_rank=_int(text, "q_lora_rank"))
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    kinds, window, chunk = _layer_attention(text, num_layers, model_type)
+    if mla:
+        kinds = tuple("mla" for _ in range(num_layers))
+
+    rope = text.get("rope_scaling") or {}
+    rope_type = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+    positions = _int(text, "max_position_embeddings", default=2048)
+    if rope_type in ("yarn", "deepseek_yarn") and isinstance(rope.get("factor"), (int, float)):
+        # vllm/model_executor/layers/rotary_embedding: YaRN caches original_max_position * factor positions
+        positions = int(_int(rope, "original_max_position_embeddings", default=positions) * rope["factor"])
+    partial = text.get("partial_rotary_factor", 1.0)
+    rotary_dim = mla.qk_rope_head_dim if mla else int(head_dim * (partial if isinstance(partial, (int, float)) else 1.0))
+    rope_caches = (positions,)
+    if model_type in ("gemma3_text", "gemma3"):
+        rope_caches = (positions, positions)  # separate local and global RoPE bases
+    if model_type == "llama4_text" or text.get("position_embedding_type") == "absolute" or model_type in ("gpt2", "opt"):
+        rope_caches = (positions,) if model_type == "llama4_text" else ()
+
+    norms = 2
+    if model_type in ("gemma2", "gemma3_text", "gemma3"):
+        norms = 4
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2") or bool(text.get("use_qk_norm"))
+
+    quant = _quant_spec(top.get("quantization_config") or text.get("quantization_config"), model_id)
+    return ModelSpec(
+        model_id=model_id, architecture=architecture, model_type=model_type, dtype=dtype,
+        hidden_size=hidden, intermediate_size=inter, num_layers=num_layers, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, derived_max_model_len=derived_max_len(text),
+        tie_word_embeddings=bool(top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        layer_attention=kinds, sliding_window=window, attention_chunk_size=chunk,
+        qkv_bias=bool(text.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
+        o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
+        qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
+        vision=_vision_spec(top), rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
+        checkpoint_bytes=checkpoint_bytes, source=source,
+    )

@@ -1,0 +1,66 @@
+"""The planner's entry point for other parts of oomguard (diagnose, simulate, serve) and for scripts."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict as _predict
+from oomguard.engines.vllm.versions import NEWEST, parse_version
+from oomguard.errors import UsageError
+from oomguard.gpus.spec import GpuSpec
+from oomguard.models.spec import ModelSpec
+from oomguard.units import GiB
+
+_CONFIG_FIELDS = {f.name for f in fields(EngineConfig)}
+
+
+def engine_config(flags: dict | None) -> EngineConfig:
+    """EngineConfig from vLLM flag dests; unknown keys are a programming error, not user input."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    unknown = set(flags) - _CONFIG_FIELDS
+    if unknown:
+        raise UsageError(f"not a modelled vLLM setting: {', '.join(sorted(unknown))}")
+    return EngineConfig(**flags)
+
+
+def resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None = None) -> GpuSpec:
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    from oomguard.gpus import catalog
+    if gpu_memory_gib is not None:
+        if gpu:
+            raise UsageError("give either --gpu NAME or --gpu-memory GIB, not both")
+        return catalog.custom_gpu(gpu_memory_gib)
+    if not gpu:
+        from oomguard.gpus.nvml import detect_gpus
+        found = detect_gpus()
+        if found and found[0].spec is not None:
+            return found[0].spec
+        raise UsageError("say which GPU: --gpu NAME (e.g. h100, a100-40gb, rtx4090, l4) or --gpu-memory GIB")
+    return catalog.resolve_gpu(gpu)
+
+
+def resolve_model(model: str | ModelSpec | None, model_config: str | None = None) -> ModelSpec:
+    if isinstance(model, ModelSpec):
+        return model
+    from oomguard.models.load import load_model
+    return load_model(model, model_config)
+
+
+def predict(model: str | ModelSpec | None, gpu: str | GpuSpec | None = None, *, gpu_count: int = 1,
+            vllm_version: str | None = None, flags: dict | None = None, model_config: str | None = None,
+            gpu_memory_gib: float | None = None, free_memory_gib: float | None = None,
+            engine: str | None = None) -> MemoryReport:
+    """Predict vLLM's startup memory for a model on `gpu_count` GPUs of one kind."""
+    if gpu_count < 1:
+        raise UsageError("--gpu-count must be at least 1")
+    version = parse_version(vllm_version) if vllm_version else NEWEST
+    spec = resolve_model(model, model_config)
+    gpu_spec = resolve_gpu(gpu, gpu_memory_gib)
+    free = None
+    if free_memory_gib is not None:
+        if not 0 < free_memory_gib * GiB <= gpu_spec.total_memory_bytes:
+            raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu_spec.total_memory_bytes / GiB:.2f} GiB")
+        free = int(free_memory_gib * GiB)
+    return _predict(spec, gpu_spec, engine_config(flags), version, gpu_count=gpu_count, engine=engine,
+                    free_memory_bytes=free)

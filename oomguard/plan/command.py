@@ -1,0 +1,64 @@
+"""`oomguard plan`: predict vLLM's startup memory for a model, GPU and vLLM version (thin shell over plan.api)."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """Predict, before launch and without a GPU, what vLLM does with GPU memory at startup:
+weights, activation peak, non-torch memory, CUDA graphs, KV blocks and tokens, maximum concurrency,
+and whether it starts (exit 0) or fails (exit 1, with vLLM's own error text).
+
+examples:
+  oomguard plan meta-llama/Llama-3.1-8B-Instruct --gpu rtx4090 --max-model-len 32768
+  oomguard plan Qwen/Qwen2.5-72B-Instruct --gpu h100 --gpu-count 2 -tp 2 --vllm-version 0.19.0 --json
+  oomguard plan -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192 --gpu-memory-utilization 0.85
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from oomguard.engines.vllm.flags import add_flags
+
+    parser.add_argument("model", nargs="*", metavar="MODEL",
+                        help="Hugging Face id from the catalog, a model directory, or (after --) a whole vllm command")
+    parser.add_argument("--gpu", help="GPU name or alias (h100, a100-40gb, rtx4090, l4, ...)")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB", help="total memory of a GPU not in the catalog")
+    parser.add_argument("--gpu-count", type=int, default=None, metavar="N", help="GPUs available (default: TP x PP)")
+    parser.add_argument("--free-memory", type=float, metavar="GIB",
+                        help="memory actually free on each GPU (shared GPUs); default: all but the CUDA context")
+    parser.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to model (default: newest modelled)")
+    parser.add_argument("--model-config", metavar="PATH", help="a config.json or a model directory")
+    parser.add_argument("--llm-class", action="store_true",
+                        help="model the LLM(...) Python class instead of `vllm serve` (different batch defaults)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
+    parser.add_argument("--list-models", action="store_true", help="list the model catalog and exit")
+    add_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from oomguard.engines.vllm.flags import flags_from_args, parse_vllm_command
+    from oomguard.errors import UsageError
+    from oomguard.plan import render
+    from oomguard.plan.api import predict
+
+    if args.list_gpus or args.list_models:
+        return render.print_catalogs(gpus=args.list_gpus, models=args.list_models)
+    words = list(args.model)
+    flags = flags_from_args(args)
+    ignored: tuple[str, ...] = ()
+    if len(words) > 1 or words[:1] and words[0] in ("vllm", "python", "python3"):
+        pasted = parse_vllm_command(words)
+        words = [pasted.model] if pasted.model else []
+        flags = {**pasted.flags, **flags}
+        ignored = pasted.ignored
+    if len(words) != 1:
+        raise UsageError("give one model id (or paste a whole command after --: oomguard plan -- vllm serve MODEL ...)")
+    if args.llm_class:
+        flags["usage_context"] = "llm"
+    world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
+        "data_parallel_size", 1)
+    report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
+                     flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
+                     free_memory_gib=args.free_memory)
+    render.print_report(report, as_json=args.json, ignored=ignored)
+    return 0 if report.starts else 1

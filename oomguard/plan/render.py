@@ -1,0 +1,129 @@
+"""How a MemoryReport looks: a breakdown table, a bar of one GPU's memory, the verdict, the command; or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from oomguard.engines.vllm.flags import format_vllm_command
+from oomguard.engines.vllm.memory import MemoryReport
+from oomguard.units import GiB
+
+# (label, colour) of each slice of the bar, in the order vLLM fills the GPU
+_SLICES = (("context", "grey50"), ("weights", "blue"), ("activation", "magenta"), ("non-torch", "yellow"),
+           ("graphs", "cyan"), ("KV cache", "green"), ("free", "grey23"))
+
+
+def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
+    """Bytes of each slice of the first GPU's memory once vLLM is up."""
+    w = report.first
+    kv = max(report.num_gpu_blocks * w.bytes_per_block, 0)
+    used = report.start_used_bytes + w.weights_bytes + w.activation_peak_bytes + w.non_torch_bytes + \
+        w.cuda_graph_bytes + kv
+    return [("context", report.start_used_bytes), ("weights", w.weights_bytes),
+            ("activation", w.activation_peak_bytes), ("non-torch", w.non_torch_bytes),
+            ("graphs", w.cuda_graph_bytes), ("KV cache", kv), ("free", max(report.total_memory_bytes - used, 0))]
+
+
+def _bar(report: MemoryReport, width: int = 60):
+    from rich.text import Text
+
+    slices = memory_slices(report)
+    total = max(sum(b for _, b in slices), report.total_memory_bytes)
+    text = Text()
+    colours = dict(_SLICES)
+    drawn = 0
+    for i, (label, size) in enumerate(slices):
+        cells = round(size / total * width) if i < len(slices) - 1 else width - drawn
+        cells = max(cells, 1 if size > 0 else 0)
+        text.append("█" * max(min(cells, width - drawn), 0), style=colours[label])
+        drawn += cells
+    legend = Text("  ")
+    for label, size in slices:
+        legend.append("■ ", style=colours[label])
+        legend.append(f"{label} {size / GiB:.2f}  ")
+    return text, legend
+
+
+def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = ()) -> None:
+    data = report.to_dict()
+    data["ignored_flags"] = list(ignored)
+    data["command"] = format_vllm_command(report.model_id, _command_flags(report))
+    if as_json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    w = report.first
+    title = (f"{report.model_id} on {report.gpu_count} x {report.gpu_name} "
+             f"({report.total_memory_bytes / GiB:.2f} GiB each), vLLM {report.vllm_version} ({report.engine})")
+    table = Table(title=title, title_justify="left", show_edge=False)
+    table.add_column("per GPU" + (f" (stage 0 of {len(report.workers)})" if len(report.workers) > 1 else ""))
+    table.add_column("GiB", justify="right")
+    table.add_column("source", style="dim")
+    prov = report.provenance
+    rows = [
+        ("requested (total x utilization)", report.requested_memory_bytes,
+         f"{report.config['gpu_memory_utilization']} x {report.total_memory_bytes / GiB:.2f} GiB"),
+        ("weights", w.weights_bytes, prov["weights_gib"]),
+        ("activation peak (profile run)", w.activation_peak_bytes, prov["activation_peak_gib"]),
+        ("non-torch memory", w.non_torch_bytes, prov["non_torch_gib"]),
+        ("CUDA graphs" + ("" if report.cuda_graphs_in_budget else " (outside the budget)"), w.cuda_graph_bytes,
+         prov["cuda_graph_gib"]),
+        ("available KV cache", w.kv_cache_bytes, prov["kv_cache_gib"]),
+    ]
+    for label, value, source in rows:
+        table.add_row(label, f"{value / GiB:.2f}", source)
+    console.print(table)
+    bar, legend = _bar(report)
+    console.print(bar)
+    console.print(legend)
+    console.print(f"KV cache: {report.num_gpu_blocks:,} blocks of {report.block_size} tokens = "
+                  f"{report.kv_cache_tokens:,} tokens; maximum concurrency for {report.max_model_len:,} tokens per "
+                  f"request: {report.max_concurrency:.2f}x")
+    if report.starts:
+        console.print(f"[bold green]vLLM starts.[/] {report.headroom_bytes / GiB:.2f} GiB stays free on the tightest GPU.")
+    else:
+        console.print(f"[bold red]vLLM fails to start ({report.error_class}):[/] {report.error}")
+        if report.estimated_max_model_len:
+            console.print(f"Fix: --max-model-len {report.estimated_max_model_len} fits the KV cache you have.")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    if ignored:
+        console.print(f"[dim]ignored (not memory-relevant or not modelled): {' '.join(ignored)}[/]")
+    console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
+    console.print(f"\n  {data['command']}\n")
+
+
+def _command_flags(report: MemoryReport) -> dict:
+    c = report.config
+    flags = {k: c[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                               "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                               "kv_cache_dtype", "enforce_eager", "enable_prefix_caching", "cpu_offload_gb",
+                               "kv_cache_memory_bytes", "enable_expert_parallel")}
+    for key, default in (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("data_parallel_size", 1),
+                         ("kv_cache_dtype", "auto"), ("cpu_offload_gb", 0.0)):
+        if flags[key] == default:
+            flags[key] = None
+    return flags
+
+
+def print_catalogs(gpus: bool, models: bool) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if gpus:
+        from oomguard.gpus.catalog import list_gpus
+        table = Table("key", "name", "GiB (as CUDA reports)", "cc", show_edge=False)
+        for g in list_gpus():
+            table.add_row(g.key, g.name, f"{g.total_memory_bytes / GiB:.2f}", f"{g.compute_capability[0]}.{g.compute_capability[1]}")
+        console.print(table)
+    if models:
+        from oomguard.models.load import catalog_ids
+        names = sorted({n[:-5].replace("--", "/", 1) for n in catalog_ids().values()})
+        console.print("\n".join(names))
+    return 0
