@@ -8,8 +8,17 @@ closed form in its source. These are fitted models of those measurements, with t
 - pipeline stages keep IntermediateTensors (hidden states and residual) for max_num_batched_tokens;
 - non-torch memory grows with NCCL / custom all-reduce buffers once there are several TP ranks;
 - the CUDA-graph pool grows with layers and capture sizes.
-Coefficients are fitted by benchmarks/fit_profile.py on ../shared/data/vllm_startup_logs.jsonl; the planner
-marks every figure from here as an estimate.
+Coefficients were fitted on the vLLM 0.19.0 H100 records of ../shared/data/vllm_startup_logs.jsonl
+(benchmarks/plan_accuracy.py reports how well they fit, per figure):
+- sampler: (activation - hidden states) / (num_reqs x vocab) is 14.7-15.0 bytes on five models with
+  vocabularies from 128k to 201k (Llama-3.1-8B, Qwen2.5-7B, Qwen2.5-72B TP2, Llama-3.3-70B TP2, gpt-oss-20b);
+- dense forward: the two forward-bound workers (CodeLlama-7B, and Llama-3.1-8B pipeline stage 0 after its
+  IntermediateTensors) give 0.93 bytes/hidden unit and 4.24 bytes/intermediate unit per token (gate+up,
+  the activation, and one temporary: about 4 x intermediate, as expected);
+- routed MoE: 13-24 bytes per top_k x expert-intermediate unit (DeepSeek-V2-Lite, Qwen1.5-MoE; bounded by
+  gpt-oss-20b); 16 is used;
+- non-torch and the CUDA-graph pool: medians of the same records by TP/PP layout, graphs linear in layers.
+The planner marks every figure from here as an estimate.
 """
 
 from __future__ import annotations
@@ -22,10 +31,10 @@ from oomguard.units import GiB
 
 @dataclass(frozen=True)
 class ProfileCoefficients:
-    sampler_bytes_per_logit: float = 15.45   # fp32 logits plus temporaries, per (request x vocab entry)
-    forward_bytes_per_hidden: float = 14.0   # per token per hidden unit, in units of the activation dtype
-    forward_bytes_per_inter: float = 3.0     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    moe_bytes_per_routed: float = 3.0        # per token per top_k x expert-intermediate unit (fused_moe caches)
+    sampler_bytes_per_logit: float = 14.9   # fp32 logits plus temporaries, per (request x vocab entry)
+    forward_bytes_per_hidden: float = 0.93   # per token per hidden unit, in units of the activation dtype
+    forward_bytes_per_inter: float = 4.24     # per token per MLP-intermediate unit on this rank (gate/up/act)
+    moe_bytes_per_routed: float = 16.0        # per token per top_k x expert-intermediate unit (fused_moe caches)
     non_torch_single_gib: float = 0.25       # cuBLAS / attention workspaces, one GPU (V1)
     non_torch_tp_gib: float = 2.1            # plus NCCL and custom all-reduce buffers when TP > 1 (V1)
     non_torch_pp_only_gib: float = 0.07      # pipeline-only workers
@@ -33,9 +42,9 @@ class ProfileCoefficients:
     non_torch_v06_gib: float = 1.79          # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.0               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.35             # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.017       # per decoder layer on the rank, at the default capture sizes
-    graph_moe_gib: float = 0.5               # MoE models capture larger graphs (routing buffers)
+    graph_base_gib: float = 0.38             # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.0165       # per decoder layer on the rank, at the default capture sizes
+    graph_moe_gib: float = 0.7               # MoE models capture larger graphs (routing buffers)
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -47,7 +56,7 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
     per_token = c.forward_bytes_per_hidden * model.hidden_size
     if model.moe and any(model.moe.moe_layers):
         moe = model.moe
-        per_token += c.moe_bytes_per_routed * moe.top_k * moe.expert_intermediate_size / (1 if moe.num_experts else tp)
+        per_token += c.moe_bytes_per_routed * moe.top_k * moe.expert_intermediate_size / tp
         per_token += c.forward_bytes_per_inter * moe.shared_intermediate_size / tp
     else:
         per_token += c.forward_bytes_per_inter * model.intermediate_size / tp

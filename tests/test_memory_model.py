@@ -1,0 +1,138 @@
+"""The vLLM memory model: exact arithmetic against vLLM's formulas, and version-specific behaviour."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from oomguard.engines.vllm import messages
+from oomguard.engines.vllm.kv import KvSpec, build_layout
+from oomguard.engines.vllm.memory import EngineConfig, predict
+from oomguard.errors import UsageError
+from oomguard.gpus.catalog import resolve_gpu
+from oomguard.models.load import from_catalog
+from oomguard.models.spec import parse_config
+from oomguard.units import GiB
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+V19, V22, V8 = (0, 19, 0), (0, 22, 0), (0, 8, 5)
+
+
+def h100_at(gib):
+    return replace(resolve_gpu("h100"), total_memory_bytes=int(gib * GiB))
+
+
+def run(model=LLAMA, gpu=None, version=V19, gpus=1, **flags):
+    flags.setdefault("max_model_len", 8192)
+    return predict(from_catalog(model), gpu or h100_at(79.19), EngineConfig(**flags), version, gpu_count=gpus)
+
+
+def test_llama_weights_match_vllm_log_exactly():
+    # vLLM 0.19.0 printed "Model loading took 14.99 GiB" (bf16) and 7.51 / 3.77 GiB per GPU at TP 2 / 4
+    assert round(run().first.weights_bytes / GiB, 2) == 14.99
+    assert round(run(tensor_parallel_size=2, gpus=2).first.weights_bytes / GiB, 2) == 7.51
+    assert round(run(tensor_parallel_size=4, gpus=4).first.weights_bytes / GiB, 2) == 3.77
+    assert round(run(dtype="float32").first.weights_bytes / GiB, 2) == 29.98
+
+
+def test_kv_arithmetic_follows_blocks_and_block_size():
+    r = run(gpu_memory_utilization=0.95, max_num_batched_tokens=8192)
+    per_block = 32 * 2 * 16 * 8 * 128 * 2  # layers x (K,V) x block x kv heads x head dim x bf16
+    assert r.first.bytes_per_block == per_block
+    assert r.num_gpu_blocks == r.first.kv_cache_bytes // per_block
+    assert r.kv_cache_tokens == r.num_gpu_blocks * 16  # 0.19 reports blocks x block size
+    assert r.max_concurrency == pytest.approx(r.num_gpu_blocks / (8192 // 16))
+
+
+def test_fp8_kv_cache_doubles_tokens():
+    auto, fp8 = run(kv_cache_dtype="auto"), run(kv_cache_dtype="fp8")
+    assert fp8.num_gpu_blocks in (2 * auto.num_gpu_blocks, 2 * auto.num_gpu_blocks + 1)
+
+
+def test_requested_memory_rounding_and_default_utilization_change_with_version():
+    old, new = run(version=V19), run(version=V22)
+    assert old.config["gpu_memory_utilization"] == 0.9 and new.config["gpu_memory_utilization"] == 0.92
+    assert old.requested_memory_bytes == int(old.total_memory_bytes * 0.9)
+    assert new.requested_memory_bytes == math.ceil(new.total_memory_bytes * 0.92)  # ceil from 0.14
+
+
+def test_cuda_graphs_enter_the_budget_only_from_0_20():
+    a, b = run(version=V19, gpu_memory_utilization=0.9), run(version=(0, 20, 0), gpu_memory_utilization=0.9)
+    assert not a.cuda_graphs_in_budget and b.cuda_graphs_in_budget
+    assert a.first.kv_cache_bytes - b.first.kv_cache_bytes == pytest.approx(b.first.cuda_graph_bytes, abs=GiB // 100)
+    eager = run(version=(0, 20, 0), gpu_memory_utilization=0.9, enforce_eager=True)
+    assert eager.first.cuda_graph_bytes == 0
+
+
+def test_max_concurrency_formula_changes_at_0_9():
+    # <= 0.8.5: blocks x block_size / max_model_len; later: blocks / cdiv(max_model_len, block_size)
+    r8 = run(version=V8, max_model_len=8000)
+    assert r8.max_concurrency == pytest.approx(r8.num_gpu_blocks * 16 / 8000)
+    r19 = run(version=V19, max_model_len=8000)
+    assert r19.max_concurrency == pytest.approx(r19.num_gpu_blocks / 500)
+
+
+def test_too_long_context_fails_with_vllm_text_and_estimate():
+    r = run(model="Qwen/Qwen2.5-72B-Instruct", tensor_parallel_size=2, gpus=2, gpu_memory_utilization=0.9,
+            max_model_len=32768)
+    assert not r.starts and r.error_class == "kv_cache_too_small"
+    assert r.error.startswith("To serve at least one request with the models's max seq len (32768)")
+    assert f"the estimated maximum model length is {r.estimated_max_model_len}." in r.error
+    fixed = run(model="Qwen/Qwen2.5-72B-Instruct", tensor_parallel_size=2, gpus=2, gpu_memory_utilization=0.9,
+                max_model_len=r.estimated_max_model_len)
+    assert fixed.starts
+    # 0.22 fixed the typo and added the CPU note
+    assert "model's max seq len" in messages.kv_too_small(V22, "v1", 10, 2 * GiB, GiB, 5, 0)
+
+
+def test_v0_uses_its_own_message():
+    text = messages.kv_too_small((0, 6, 6), "v0", 131072, 0, 0, 0, 81536)
+    assert text.startswith("The model's max seq len (131072) is larger than the maximum number of tokens")
+
+
+def test_model_too_big_for_gpu_fails_at_weight_load():
+    r = run(model="meta-llama/Llama-3.1-70B-Instruct", gpu=resolve_gpu("rtx4090"))
+    assert not r.starts and r.error_class == "oom_weights_load"
+
+
+def test_bf16_on_turing_fails_with_dtype_message():
+    r = run(gpu=resolve_gpu("t4"), max_model_len=2048)
+    assert not r.starts and r.error_class == "dtype_capability" and "--dtype=half" in r.error
+    assert run(gpu=resolve_gpu("t4"), max_model_len=2048, dtype="half").error_class != "dtype_capability"
+
+
+def test_tensor_parallel_must_divide_heads():
+    with pytest.raises(UsageError, match=r"must be divisible by tensor parallel size \(3\)"):
+        run(tensor_parallel_size=3, gpus=4)
+    with pytest.raises(UsageError, match="--gpu-count"):
+        run(tensor_parallel_size=2, gpus=1)
+
+
+def test_sliding_window_groups_and_worst_case():
+    # gpt-oss-style 1:1 sliding(128)/full layers: two groups; a request needs cdiv(L,16) + sliding blocks
+    full = KvSpec("full", 16, 8, 64, 2)
+    sliding = KvSpec("sliding", 16, 8, 64, 2, window=128)
+    layout = build_layout([sliding, full] * 12)
+    assert len(layout.groups) == 2 and layout.group_size == 12
+    assert layout.blocks_per_request(8192, 8192) == 512 + 513
+    assert layout.blocks_per_request(8192, 256) == 512 + (-(-(127 + 256) // 16) + 1)
+
+
+def test_mla_page_is_one_latent_and_replicated_over_tp():
+    r1 = run(model="deepseek-ai/DeepSeek-V2-Lite-Chat")
+    r2 = run(model="deepseek-ai/DeepSeek-V2-Lite-Chat", tensor_parallel_size=2, gpus=2)
+    assert r1.first.bytes_per_block == 27 * 16 * 576 * 2 == r2.first.bytes_per_block
+
+
+def test_hybrid_mamba_models_are_refused_not_approximated():
+    config = {"model_type": "jamba", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "vocab_size": 65536}
+    with pytest.raises(UsageError, match="not model"):
+        parse_config(config, "ai21labs/Jamba-v0.1")
+
+
+def test_pipeline_stages_split_layers_like_vllm():
+    r = run(pipeline_parallel_size=2, gpus=2)
+    assert [w.layers for w in r.workers] == [16, 16]
+    odd = run(model="Qwen/Qwen2.5-7B-Instruct", pipeline_parallel_size=3, gpus=3)  # 28 layers
+    assert [w.layers for w in odd.workers] == [9, 10, 9]

@@ -1,0 +1,52 @@
+"""Pin the planner's accuracy on real vLLM startup logs (benchmarks/plan_accuracy.py) so it cannot regress.
+
+Targets (issue 2), on records whose model is in the catalog and whose vLLM version is known:
+available KV memory within 0.3 GiB median and 1 GiB p90, KV tokens within 3% median, weights within 1%,
+and the start/fail verdict right on every record.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
+
+pytestmark = pytest.mark.skipif(not DATA.is_file(), reason="shared/data beside the checkout is not present")
+
+
+@pytest.fixture(scope="module")
+def summary():
+    spec = importlib.util.spec_from_file_location("plan_accuracy", ROOT / "benchmarks" / "plan_accuracy.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.summarize(bench.run(DATA))
+
+
+def test_enough_records_are_modelled(summary):
+    assert summary["modelled"] >= 15, summary["skipped"]
+
+
+def test_available_kv_memory(summary):
+    kv = summary["figures"]["kv_cache_memory_gib"]
+    assert kv["median_abs"] <= 0.3 and kv["p90_abs"] <= 1.0, kv
+
+
+def test_kv_tokens(summary):
+    assert summary["figures"]["kv_cache_tokens"]["median_rel"] <= 0.03
+
+
+def test_weights(summary):
+    assert summary["figures"]["weights_gib"]["median_rel"] <= 0.01
+    assert summary["figures"]["weights_gib"]["p90_rel"] <= 0.02
+
+
+def test_verdicts(summary):
+    assert summary["verdict_misses"] == []
+
+
+def test_beats_both_baselines_on_kv_memory(summary):
+    ours = summary["figures"]["kv_cache_memory_gib"]["median_abs"]
+    for name in ("static", "naive"):
+        assert ours < summary["baselines"][name]["kv_cache_memory_gib"]["median_abs"]

@@ -1,0 +1,106 @@
+"""`oomguard plan` from the outside: exit codes, JSON contract, pasted commands, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+CONTRACT_KEYS = {"weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "kv_cache_gib",
+                 "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "max_model_len", "starts",
+                 "estimated_max_model_len", "error", "vllm_version", "assumptions", "provenance"}
+
+
+def oomguard(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "oomguard", *args], capture_output=True, text=True, input=stdin,
+                          timeout=60)
+
+
+def test_quick_start_command_runs_offline():
+    r = oomguard("plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090", "--max-model-len", "32768")
+    assert r.returncode in (0, 1), r.stderr
+    assert "vllm serve meta-llama/Llama-3.1-8B-Instruct" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_json_contract_and_exit_code_follow_the_verdict():
+    ok = oomguard("plan", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "h100", "--max-model-len", "8192", "--json")
+    assert ok.returncode == 0, ok.stderr
+    data = json.loads(ok.stdout)
+    assert CONTRACT_KEYS <= data.keys()
+    assert data["starts"] is True and data["error"] is None
+    assert set(data["provenance"]) >= {"weights_gib", "activation_peak_gib", "kv_cache_gib"}
+    bad = oomguard("plan", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "a100-80gb", "--gpu-count", "2", "-tp", "2",
+                   "--max-model-len", "32768", "--gpu-memory-utilization", "0.8", "--vllm-version", "0.19.0", "--json")
+    assert bad.returncode == 1
+    data = json.loads(bad.stdout)
+    assert data["starts"] is False and data["error"] and data["estimated_max_model_len"]
+
+
+def test_pasted_vllm_serve_and_api_server_commands():
+    a = oomguard("plan", "--gpu", "h100", "--json", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                 "--max-model-len", "8192", "--trust-remote-code", "--port", "8000")
+    assert a.returncode == 0, a.stderr
+    data = json.loads(a.stdout)
+    assert data["max_model_len"] == 8192
+    assert "--trust-remote-code" in data["ignored_flags"] and "--port" in data["ignored_flags"]
+    b = oomguard("plan", "--gpu", "h100", "--json", "--", "python", "-m", "vllm.entrypoints.openai.api_server",
+                 "--model", "meta-llama/Llama-3.1-8B-Instruct", "--max_model_len", "4096")
+    assert b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["max_model_len"] == 4096
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["plan", "no-such/model", "--gpu", "h100"], "--model-config"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h900"], "unknown GPU"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--gpu-memory-utilization", "1.5"], "(0, 1]"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--max-model-len", "0"], "positive"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--max-model-len", "lots"], "not a number"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "-tp", "3", "--gpu-count", "4"], "divisible"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "-tp", "4"], None),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "-tp", "4", "--gpu-count", "2"], "--gpu-count"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "-q", "awq"], "awq"),
+    (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--vllm-version", "banana"], "X.Y.Z"),
+    (["plan", "--model-config", "/nonexistent/config.json", "--gpu", "h100"], "no such file"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = oomguard(*args)
+    if needle is None:  # a valid request: -tp 4 defaults --gpu-count to 4
+        assert r.returncode in (0, 1), r.stderr
+        return
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle in r.stderr
+
+
+def test_malformed_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    r = oomguard("plan", "--model-config", str(bad), "--gpu", "h100")
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    bad.write_text(json.dumps({"hidden_size": 4096}))
+    r = oomguard("plan", "--model-config", str(bad), "--gpu", "h100")
+    assert r.returncode == 2 and "num_hidden_layers" in r.stderr
+
+
+def test_model_directory_weights_from_safetensors_headers(tmp_path):
+    import struct
+    from oomguard.models.load import catalog_entry
+    (tmp_path / "config.json").write_text(json.dumps(catalog_entry("Qwen/Qwen2.5-0.5B-Instruct")["config"]))
+    header = json.dumps({"a": {"dtype": "BF16", "shape": [1000, 1000], "data_offsets": [0, 2_000_000]},
+                         "__metadata__": {"format": "pt"}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)
+    from oomguard.models.load import from_path
+    assert from_path(str(tmp_path)).checkpoint_bytes == 2_000_000
+
+
+def test_cli_import_path_stays_light():
+    # `oomguard --help` must stay fast: the CLI and the plan command's options import nothing heavy
+    code = ("import sys, oomguard.cli, oomguard.plan.command; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'rich', 'aiohttp', 'prometheus_client', "
+            "'numpy', 'pynvml', 'huggingface_hub'}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+    help_text = oomguard("--help")
+    assert help_text.returncode == 0 and "plan" in help_text.stdout
