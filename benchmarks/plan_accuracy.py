@@ -164,9 +164,12 @@ def print_table(summary: dict) -> None:
     print(f"records: {summary['records']}, modelled: {summary['modelled']}\n")
     print("| figure | n | oomguard median | oomguard p90 | static median | naive median |")
     print("|---|---|---|---|---|---|")
-    for fig, s in summary["figures"].items():
+    for fig in FIGURES:
+        s = summary["figures"].get(fig)
+        if s is None:
+            continue
         unit = "" if fig in ("kv_cache_tokens", "max_concurrency") else " GiB"
-        base = [summary["baselines"][m].get(fig) for m in ("static", "naive")]
+        base = [summary["baselines"][m].get(fig) for m in ("static", "naive")]  # only weights/KV/tokens exist
         cells = [f"{b['median_abs']:.3g}{unit} ({b['median_rel']:.1%})" if b else "-" for b in base]
         print(f"| {fig} | {s['n']} | {s['median_abs']:.3g}{unit} ({s['median_rel']:.1%}) | "
               f"{s['p90_abs']:.3g}{unit} ({s['p90_rel']:.1%}) | {cells[0]} | {cells[1]} |")

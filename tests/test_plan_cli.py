@@ -30,8 +30,7 @@ def test_json_contract_and_exit_code_follow_the_verdict():
     assert CONTRACT_KEYS <= data.keys()
     assert data["starts"] is True and data["error"] is None
     assert set(data["provenance"]) >= {"weights_gib", "activation_peak_gib", "kv_cache_gib"}
-    bad = oomguard("plan", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "a100-80gb", "--gpu-count", "2", "-tp", "2",
-                   "--max-model-len", "32768", "--gpu-memory-utilization", "0.8", "--vllm-version", "0.19.0", "--json")
+    bad = oomguard("plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090", "--vllm-version", "0.19.0", "--json")
     assert bad.returncode == 1
     data = json.loads(bad.stdout)
     assert data["starts"] is False and data["error"] and data["estimated_max_model_len"]
@@ -87,7 +86,7 @@ def test_malformed_config_json(tmp_path):
 def test_model_directory_weights_from_safetensors_headers(tmp_path):
     import struct
     from oomguard.models.load import catalog_entry
-    (tmp_path / "config.json").write_text(json.dumps(catalog_entry("Qwen/Qwen2.5-0.5B-Instruct")["config"]))
+    (tmp_path / "config.json").write_text(json.dumps(catalog_entry("Qwen/Qwen3-0.6B")["config"]))
     header = json.dumps({"a": {"dtype": "BF16", "shape": [1000, 1000], "data_offsets": [0, 2_000_000]},
                          "__metadata__": {"format": "pt"}}).encode()
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 16)

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         words = [pasted.model] if pasted.model else []
         flags = {**pasted.flags, **flags}
         ignored = pasted.ignored
+    if not words and args.model_config:
+        words = [None]
     if len(words) != 1:
         raise UsageError("give one model id (or paste a whole command after --: oomguard plan -- vllm serve MODEL ...)")
     if args.llm_class:

@@ -35,8 +35,8 @@ def batch_defaults(version: Version, engine: str, gpu_name: str, total_bytes: in
     elif gib >= 70 and (version < (0, 9, 0) or not is_a100):
         tier, seqs, tokens = ">=70 GiB, not A100", 1024, {"llm": 16384, "serve": 8192}
     else:
-        tier, seqs, tokens = "other GPUs", 256, {"llm": 8192, "serve": 2048}
-    return seqs, tokens[usage_context], f"vLLM {usage_context} defaults for {tier} GPUs"
+        tier, seqs, tokens = "smaller", 256, {"llm": 8192, "serve": 2048}
+    return seqs, tokens[usage_context], f"vLLM {usage_context} default for {tier} GPUs"
 
 
 def resolve_batch(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,

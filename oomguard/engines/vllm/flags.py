@@ -76,7 +76,7 @@ ENGINE_DESTS = {f.dest for f in FLAGS}
 
 
 def _underscored(option: str) -> str:
-    return option.replace("-", "_", option.count("-") - 2) if option.startswith("--") else option
+    return "--" + option[2:].replace("-", "_")
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

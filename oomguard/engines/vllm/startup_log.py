@@ -1,0 +1,114 @@
+"""What vLLM prints while it starts, per version, as line patterns: the facts of a run and the startup phases.
+
+Texts from the wheels 0.6.6 ... 0.33.0 (../shared/research/vllm-memory-model.md section 6 and the files named).
+Each entry: (fact, needle, regex). The needle is a lower-case literal found in the line; the regex pulls the
+value(s) out by named group (`v` for a single value). Facts with the same name: the last line wins, as in the run.
+"""
+
+from __future__ import annotations
+
+import re
+
+_C = re.IGNORECASE
+
+FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile(rx, _C)) for name, needle, rx in (
+    # entrypoints/openai/api_server.py (all versions); v1/engine/core.py; engine/llm_engine.py (V0)
+    ("vllm_version", "vllm api server version", r"vLLM API server version (?P<v>[\w.+-]+)"),
+    ("vllm_version", "llm engine (v", r"LLM engine \(v(?P<v>[^)\s]+)\) with config"),
+    ("engine_config", "with config: model=", r"with config: (?P<v>model=.*)"),
+    ("non_default_args", "non-default args:", r"non-default args: (?P<v>\{.*\})"),  # entrypoints/utils.py (>= 0.10)
+    ("args_namespace", "args: namespace(", r"args: Namespace\((?P<v>.*)\)"),        # api_server.py (<= 0.9)
+    # platforms/cuda.py get_attn_backend_cls, attention/selector.py (V0)
+    ("attention_backend", "backend", r"\bUsing (?P<v>(?:Flash ?Attention|FlashInfer|FlexAttention|Triton|XFormers|"
+                                     r"Torch ?SDPA|TORCH_SDPA|ROCm|Rocm/Aiter|AITER|FlashMLA|Cutlass MLA|Triton MLA|"
+                                     r"FlashInfer MLA|Tree Attention|Pallas|[A-Z_]+ATTN\w*)[\w ./-]*?) backend"),
+    ("attention_fallback", "cannot use flashattention", r"(?P<v>Cannot use FlashAttention(?:-2)? backend[^.]*)"),
+    # weights (section 6 rows 2, 2a-2c)
+    ("weights_gib", "model loading took", r"Model loading took (?P<v>[\d.]+) ?GiB"),
+    ("weights_gib", "loading model weights took", r"Loading model weights took (?P<v>[\d.]+) ?GB"),
+    # V0 profiling summary (row 4), V1 DEBUG summary (row 4b)
+    ("v0_profile", "model weights take", r"model weights take (?P<weights_gib>[\d.]+) ?GiB; non_torch_memory takes "
+                                         r"(?P<non_torch_gib>[\d.]+) ?GiB; PyTorch activation peak memory takes "
+                                         r"(?P<activation_peak_gib>[\d.]+) ?GiB; the rest of the memory reserved for "
+                                         r"KV Cache is (?P<available_kv_gib>-?[\d.]+) ?GiB"),
+    ("v0_budget", "total_gpu_memory (", r"total_gpu_memory \((?P<total_gpu_memory_gib>[\d.]+) ?GiB\) x "
+                                        r"gpu_memory_utilization \((?P<gpu_memory_utilization>[\d.]+)\)"),
+    ("v1_profile", "torch peak memory increase:", r"torch peak memory increase: (?P<activation_peak_gib>[\d.]+) ?GiB; "
+                                                  r"non-torch forward increase memory: (?P<non_torch_gib>[\d.]+) ?GiB; "
+                                                  r"weights memory: (?P<weights_gib>[\d.]+) ?GiB"),
+    ("v1_budget", "requested memory:", r"Initial free memory: (?P<initial_free_gib>[\d.]+) GiB; Requested memory: "
+                                       r"(?P<gpu_memory_utilization>[\d.]+) \(util\), (?P<requested_gib>[\d.]+) GiB"),
+    ("available_kv_gib", "available kv cache memory:", r"Available KV cache memory: (?P<v>-?[\d.]+) ?GiB"),
+    ("kv_cache_tokens", "kv cache size:", r"KV cache size: (?P<v>[\d,]+) tokens"),
+    ("max_concurrency", "maximum concurrency for", r"Maximum concurrency for (?P<max_concurrency_tokens>[\d,]+) "
+                                                   r"tokens per request: (?P<max_concurrency>[\d.]+)x"),
+    ("num_gpu_blocks", "blocks:", r"# (?:GPU|CUDA|[a-z]+) blocks: (?P<v>\d+)"),
+    ("num_gpu_blocks", "num_gpu_blocks is:", r"num_gpu_blocks is: (?P<v>\d+)"),
+    ("cuda_graph_gib", "graph capturing finished", r"Graph capturing finished in [\d.]+ secs?, took (?P<v>-?[\d.]+) GiB"),
+    ("cuda_graph_estimated_gib", "estimated cuda graph memory:", r"Estimated CUDA graph memory: (?P<v>[\d.]+) GiB"),
+    ("max_num_batched_tokens", "chunked prefill is enabled with", r"max_num_batched_tokens=(?P<v>\d+)"),
+    ("auto_fit", "auto-fit max_model_len:", r"(?:reduced from (?P<from_len>\d+) to (?P<max_model_len>\d+)|"
+                                            r"full model context length (?P<full_len>\d+) fits)"),
+    # numbers other messages carry about the GPU
+    ("gpu_total", "has a total capacity of", r"has a total capacity of (?P<v>[\d.]+) GiB"),
+    ("free_total", "free memory on device", r"\((?P<free_gib>[\d.]+)\s*/\s*(?P<total_gpu_memory_gib>[\d.]+) GiB\)"),
+    ("bf16_gpu", "gpu has compute capability", r"Your (?P<gpu_name>.+?) GPU has compute capability "
+                                               r"(?P<compute_capability>[\d.]+)"),
+    ("gpu_name", "nvidia", r"\bNVIDIA (?P<v>(?:GeForce |Tesla |Quadro )?(?:RTX ?)?(?:[AHLBTV]\d{1,3}|\d{4})"
+                           r"(?:[ -](?:SXM\d?|PCIe|NVL|Ti|SUPER|Ada|\d+GB))*(?:-\d+GB)?)\b"),
+    ("world_size", "world_size=", r"\bworld_size=(?P<v>\d+)"),
+    ("cuda_visible_devices", "cuda_visible_devices", r"CUDA_VISIBLE_DEVICES['\"]?\s*[=:]\s*['\"]?(?P<v>\d+(?:,\d+)*)"),
+))
+
+# config keys of the "with config:" line we keep (config/__init__.py VllmConfig.__str__)
+ENGINE_CONFIG_KEYS = ("model", "tokenizer", "dtype", "max_seq_len", "tensor_parallel_size", "pipeline_parallel_size",
+                      "data_parallel_size", "quantization", "enforce_eager", "kv_cache_dtype", "enable_prefix_caching",
+                      "chunked_prefill_enabled", "disable_custom_all_reduce", "served_model_name")
+
+# startup phases, in order; a needle moves the run to that phase (a new API-server banner starts a new run)
+PHASES = ("start", "loading", "weights_loaded", "profiled", "capturing", "ready", "serving")
+PHASE_MARKERS: tuple[tuple[str, str], ...] = (
+    ("vllm api server version", "start"),
+    ("starting to load model", "loading"),
+    ("loading safetensors checkpoint shards", "loading"),
+    ("loading pt checkpoint shards", "loading"),
+    ("loading weights took", "weights_loaded"),
+    ("model loading took", "weights_loaded"),
+    ("loading model weights took", "weights_loaded"),
+    ("memory profiling takes", "profiled"),
+    ("available kv cache memory", "profiled"),
+    ("kv cache size:", "profiled"),
+    ("# gpu blocks:", "profiled"),
+    ("# cuda blocks:", "profiled"),
+    ("capturing cudagraph", "capturing"),
+    ("capturing cuda graph", "capturing"),
+    ("capturing the model for cuda graphs", "capturing"),
+    ("graph capturing finished", "ready"),
+    ("init engine (profile, create kv cache, warmup model) took", "ready"),
+    ("application startup complete", "serving"),
+    ("uvicorn running on", "serving"),
+    ("avg prompt throughput", "serving"),
+    ("post /v1/", "serving"),
+)
+
+# Functions in a traceback that say where an out-of-memory error happened (vllm/v1/worker/*, worker/* V0,
+# model_executor/model_loader/*).
+WEIGHT_FRAMES = frozenset({
+    "load_model", "load_weights", "_load_weights", "get_model", "initialize_model", "_initialize_model",
+    "weight_loader", "create_weights", "load_weights_and_postprocess", "_process_weights_after_loading",
+    "process_weights_after_loading", "safetensors_weights_iterator", "download_model", "_prepare_weights",
+    "default_weight_loader", "init_device_memory_and_load_model",
+})
+PROFILE_FRAMES = frozenset({
+    "profile_run", "_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "determine_available_memory",
+    "determine_num_available_blocks", "profile", "capture_model", "_capture_cudagraphs", "capture",
+    "compile_or_warm_up_model", "_warmup_and_capture", "warming_up_model", "initialize_kv_cache",
+    "_allocate_kv_cache_tensors", "initialize_kv_cache_tensors", "_init_cache_engine", "initialize_cache",
+    "_initialize_kv_caches", "profile_cudagraph_memory", "_allocate", "_init_cache", "capture_graph",
+    "_capture_graph", "warmup_model",
+})
+RUNTIME_FRAMES = frozenset({
+    "execute_model", "step", "step_with_batch_queue", "_process_engine_step", "run_busy_loop", "sample",
+    "_sample", "sample_tokens", "_prepare_inputs", "execute_model_async", "_execute_model", "_model_forward",
+    "compute_logits", "_run_engine", "generate",
+})

@@ -1,0 +1,145 @@
+"""The GPU catalog (catalog.json, read on first use), forgiving name lookup, and custom GPUs for --gpu-memory."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from functools import lru_cache
+from importlib import resources
+
+from oomguard.errors import UsageError
+from oomguard.gpus.spec import GpuSpec
+from oomguard.units import GiB
+
+# Usable host-link bandwidth per direction (about 80% of the PCIe line rate), for offload estimates.
+HOST_LINKS = {
+    "gen3x16": 12e9,
+    "gen4x8": 12.5e9,
+    "gen4x16": 25e9,
+    "gen5x16": 50e9,
+    "c2c": 450e9,  # GH200 NVLink-C2C between Grace and Hopper, 900 GB/s both ways
+}
+
+# Words that only decorate a name: "NVIDIA GeForce RTX 4090" and "4090" are the same GPU.
+_NOISE = {"nvidia", "geforce", "tesla", "amd", "instinct", "rtx", "gpu", "graphics"}
+
+# --gpu-memory GIB: a GPU we know nothing else about. Modern enough for bf16 (cc 8.0) so dtype "auto" resolves as on
+# any current card; bandwidth, compute and host link at the low end of the catalog (L4-class, PCIe gen3) so time and
+# offload estimates err on the slow side.
+CUSTOM_COMPUTE_CAPABILITY = (8, 0)
+CUSTOM_BANDWIDTH = 300e9
+CUSTOM_BF16_FLOPS = 60e12
+CUSTOM_HOST_LINK = HOST_LINKS["gen3x16"]
+MAX_CUSTOM_GIB = 1024.0
+
+
+def normalize(text: str) -> str:
+    """Lower case, no spaces/dashes/punctuation, no vendor or brand words: ' NVIDIA GeForce RTX-4090 ' -> '4090'."""
+    words = [w for w in re.findall(r"[a-z0-9]+", str(text).lower()) if w not in _NOISE]
+    joined = "".join(words)
+    return joined[3:] if joined.startswith("rtx") and len(joined) > 3 else joined
+
+
+def _spec(entry: dict) -> GpuSpec:
+    cc = tuple(entry["compute_capability"])
+    return GpuSpec(
+        key=entry["key"],
+        name=entry["name"],
+        total_memory_bytes=int(round(entry["total_memory_gib"] * GiB)),
+        compute_capability=cc,
+        supports_bf16=cc >= (8, 0),
+        supports_fp8=entry.get("supports_fp8", cc >= (8, 9)),
+        memory_bandwidth_bytes_per_s=entry["memory_bandwidth_gb_s"] * 1e9,
+        bf16_dense_flops=entry["bf16_dense_tflops"] * 1e12,
+        pcie_bandwidth_bytes_per_s=HOST_LINKS[entry["host_link"]],
+        interconnect=entry["interconnect"],
+        source_url=entry["source_url"],
+        vendor=entry.get("vendor", "nvidia"),
+        total_memory_source_url=entry.get("total_memory_source_url", ""),
+        total_memory_note=entry.get("total_memory_note", ""),
+    )
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[tuple[dict, ...], dict[str, GpuSpec], dict[str, str]]:
+    text = resources.files("oomguard.gpus").joinpath("catalog.json").read_text(encoding="utf-8")
+    entries = tuple(json.loads(text)["gpus"])
+    specs = {e["key"]: _spec(e) for e in entries}
+    aliases: dict[str, str] = {}  # normalized spelling -> key
+    for e in entries:
+        for spelling in (e["key"], e["name"], *e.get("aliases", ())):
+            owner = aliases.setdefault(normalize(spelling), e["key"])
+            if owner != e["key"]:
+                raise ValueError(f"catalog.json: {spelling!r} names both {owner} and {e['key']}")
+    return entries, specs, aliases
+
+
+def catalog_entries() -> list[dict]:
+    """The raw catalog records (board size, provenance notes) for listings and tests."""
+    return [dict(e) for e in _load()[0]]
+
+
+def list_gpus() -> list[GpuSpec]:
+    """Every catalog GPU, in catalog order (for `oomguard plan --list-gpus`)."""
+    return list(_load()[1].values())
+
+
+def _spellings() -> dict[str, str]:
+    """normalized -> the spelling to suggest (the shortest alias of each GPU reads best)."""
+    out: dict[str, str] = {}
+    for e in _load()[0]:
+        for spelling in (*e.get("aliases", ()), e["key"]):
+            out.setdefault(normalize(spelling), spelling)
+    return out
+
+
+def resolve_gpu(text: str) -> GpuSpec:
+    """A catalog GPU from a forgiving name: 'h100', 'A100-40GB', 'rtx4090', 'NVIDIA GeForce RTX 4090', 'l40s' ..."""
+    entries, specs, aliases = _load()
+    key = aliases.get(normalize(text))
+    if key is not None:
+        return specs[key]
+    spellings = _spellings()
+    close = difflib.get_close_matches(normalize(text), list(spellings), n=3, cutoff=0.6)
+    hint = f": did you mean {', '.join(spellings[c] for c in close)}?" if close else "."
+    raise UsageError(f"unknown GPU '{text}'{hint} Use --gpu-memory GIB for a GPU not in the catalog "
+                     "(list: oomguard plan --list-gpus)")
+
+
+def find_gpu(name: str, total_bytes: int | None = None) -> GpuSpec | None:
+    """The catalog GPU for a device name as NVML/torch report it, or None. With `total_bytes` (any total: NVML's or
+    CUDA's), a GPU whose memory is more than 10% away is not a match (an 8 GB RTX 4060 Ti is not the 16 GB one)."""
+    key = _load()[2].get(normalize(name))
+    if key is None:
+        return None
+    spec = _load()[1][key]
+    if total_bytes and abs(total_bytes - spec.total_memory_bytes) > 0.1 * spec.total_memory_bytes:
+        return None
+    return spec
+
+
+def custom_gpu(total_gib: float, name: str = "custom") -> GpuSpec:
+    """A GPU known only by the total memory CUDA reports (--gpu-memory GIB). Other figures are the conservative
+    defaults above: cc 8.0 (bf16, no FP8), 300 GB/s, 60 TFLOPS, PCIe gen3 host link."""
+    if isinstance(total_gib, bool) or not isinstance(total_gib, (int, float)) or not math.isfinite(total_gib):
+        raise UsageError(f"--gpu-memory must be a number of GiB, e.g. --gpu-memory 23.6 (got {total_gib!r})")
+    if total_gib <= 0 or total_gib > MAX_CUSTOM_GIB:
+        raise UsageError(f"--gpu-memory {total_gib:g} is not a plausible GPU: give the total in GiB as CUDA reports "
+                         f"it (e.g. 79.19 for an H100 80GB), between 0 and {MAX_CUSTOM_GIB:g}")
+    return GpuSpec(
+        key=f"custom-{total_gib:g}gib",
+        name=name,
+        total_memory_bytes=int(round(total_gib * GiB)),
+        compute_capability=CUSTOM_COMPUTE_CAPABILITY,
+        supports_bf16=True,
+        supports_fp8=False,
+        memory_bandwidth_bytes_per_s=CUSTOM_BANDWIDTH,
+        bf16_dense_flops=CUSTOM_BF16_FLOPS,
+        pcie_bandwidth_bytes_per_s=CUSTOM_HOST_LINK,
+        interconnect="pcie",
+        source_url="",
+        vendor="unknown",
+        total_memory_note="given with --gpu-memory",
+    )

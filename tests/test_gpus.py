@@ -1,0 +1,136 @@
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from oomguard.errors import UsageError
+from oomguard.gpus import nvml
+from oomguard.gpus.catalog import catalog_entries, custom_gpu, find_gpu, list_gpus, resolve_gpu
+from oomguard.units import GiB
+
+
+@pytest.mark.parametrize("text,key", [
+    ("h100", "h100-sxm-80gb"), ("h100-sxm", "h100-sxm-80gb"), ("H100 80GB", "h100-sxm-80gb"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"), ("h100-pcie", "h100-pcie-80gb"), ("h100 nvl", "h100-nvl-94gb"),
+    ("h200", "h200-141gb"), ("gh200", "gh200-96gb"), ("b200", "b200-180gb"),
+    ("a100", "a100-sxm-80gb"), ("A100-40GB", "a100-sxm-40gb"), ("a100-80gb", "a100-sxm-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"), ("NVIDIA A100 40GB", "a100-sxm-40gb"),
+    ("rtx4090", "rtx-4090-24gb"), ("4090", "rtx-4090-24gb"), ("RTX 4090", "rtx-4090-24gb"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090-24gb"), ("  nvidia  geforce rtx-4090 ", "rtx-4090-24gb"),
+    ("l4", "l4-24gb"), ("L40S", "l40s-48gb"), ("l40", "l40-48gb"), ("t4", "t4-16gb"), ("Tesla T4", "t4-16gb"),
+    ("a10g", "a10g-24gb"), ("a10", "a10-24gb"), ("v100", "v100-16gb"), ("v100-32gb", "v100-32gb"),
+    ("3090", "rtx-3090-24gb"), ("3090 Ti", "rtx-3090-ti-24gb"), ("a6000", "rtx-a6000-48gb"),
+    ("RTX 6000 Ada", "rtx-6000-ada-48gb"), ("a40", "a40-48gb"), ("5090", "rtx-5090-32gb"),
+    ("4060 Ti", "rtx-4060-ti-16gb"), ("rtx 3060", "rtx-3060-12gb"), ("mi300x", "mi300x-192gb"),
+    ("AMD Instinct MI300X", "mi300x-192gb"),
+])
+def test_aliases_resolve(text, key):
+    assert resolve_gpu(text).key == key
+
+
+def test_every_key_and_name_resolves_to_itself():
+    for g in list_gpus():
+        assert resolve_gpu(g.key) == g
+        assert resolve_gpu(g.name) == g
+
+
+def test_unknown_gpu_says_what_to_do():
+    with pytest.raises(UsageError) as err:
+        resolve_gpu("h1000")
+    msg = str(err.value)
+    assert msg.startswith("unknown GPU 'h1000': did you mean ")
+    assert "h100" in msg
+    assert "--gpu-memory GIB" in msg and "oomguard plan --list-gpus" in msg
+    with pytest.raises(UsageError, match="unknown GPU 'quantum-9000'"):
+        resolve_gpu("quantum-9000")
+
+
+def test_custom_gpu():
+    g = custom_gpu(23.6)
+    assert g.total_memory_bytes == round(23.6 * GiB)
+    assert g.name == "custom" and g.supports_bf16 and not g.supports_fp8
+    assert g.memory_bandwidth_bytes_per_s > 0 and g.bf16_dense_flops > 0 and g.pcie_bandwidth_bytes_per_s > 0
+    assert custom_gpu(40, name="my card").name == "my card"
+    for bad in (0, -1, 5000, float("nan"), float("inf"), "24", True):
+        with pytest.raises(UsageError):
+            custom_gpu(bad)
+
+
+def test_catalog_has_the_gpus_the_brief_names():
+    keys = {g.key for g in list_gpus()}
+    assert len(keys) >= 29
+    for wanted in ("h100-sxm-80gb", "h100-pcie-80gb", "h100-nvl-94gb", "h200-141gb", "gh200-96gb", "b200-180gb",
+                   "a100-sxm-40gb", "a100-sxm-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "a10-24gb", "a10g-24gb",
+                   "l4-24gb", "l40-48gb", "l40s-48gb", "t4-16gb", "v100-16gb", "v100-32gb", "rtx-a6000-48gb",
+                   "rtx-6000-ada-48gb", "a40-48gb", "rtx-3090-24gb", "rtx-3090-ti-24gb", "rtx-4090-24gb",
+                   "rtx-4080-16gb", "rtx-5090-32gb", "rtx-4060-ti-16gb", "rtx-3060-12gb", "mi300x-192gb"):
+        assert wanted in keys
+
+
+def test_catalog_sanity():
+    specs = {g.key: g for g in list_gpus()}
+    for e in catalog_entries():
+        g = specs[e["key"]]
+        board = e["board_memory_gib"] * GiB
+        # CUDA's total is below the board size, by a plausible reservation
+        assert 0.88 * board < g.total_memory_bytes < board, e["key"]
+        assert g.memory_bandwidth_bytes_per_s > 1e11 and g.bf16_dense_flops > 1e13, e["key"]
+        assert g.pcie_bandwidth_bytes_per_s > 1e9 and g.interconnect in ("nvlink", "pcie", "xgmi"), e["key"]
+        assert g.source_url.startswith("https://"), e["key"]
+        assert g.supports_bf16 == (g.compute_capability >= (8, 0))
+        # every total is either read from a log (with its URL) or derived (and says how)
+        assert e["total_memory_source_url"].startswith("https://") or e["total_memory_note"].startswith("derived"), \
+            e["key"]
+    assert specs["mi300x-192gb"].vendor == "amd" and specs["mi300x-192gb"].supports_fp8
+    assert not specs["a100-sxm-80gb"].supports_fp8 and specs["l4-24gb"].supports_fp8
+    assert not specs["t4-16gb"].supports_bf16
+
+
+def test_totals_match_the_logs():
+    assert round(resolve_gpu("h100").total_memory_bytes / GiB, 2) == 79.19
+    assert round(resolve_gpu("a100-40gb").total_memory_bytes / GiB, 2) == 39.38
+    assert round(resolve_gpu("4090").total_memory_bytes / GiB, 2) == 23.65
+    assert round(resolve_gpu("h200").total_memory_bytes / GiB, 2) == 139.72
+    # vLLM's batch defaults test "a100" in the device name
+    assert "a100" in resolve_gpu("a100").name.lower()
+
+
+def test_find_gpu_matches_device_names_and_checks_memory():
+    assert find_gpu("NVIDIA H100 80GB HBM3").key == "h100-sxm-80gb"
+    assert find_gpu("NVIDIA H100 80GB HBM3", 81559 * 2**20).key == "h100-sxm-80gb"  # NVML's total
+    assert find_gpu("NVIDIA GeForce RTX 4060 Ti", 8188 * 2**20) is None  # the 8 GB card
+    assert find_gpu("NVIDIA H20") is None
+
+
+def test_nvml_absent_returns_empty(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    assert nvml.detect_gpus() == []
+
+
+def test_nvml_without_driver_returns_empty(monkeypatch):
+    fake = types.SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("NVML Shared Library Not Found")))
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert nvml.detect_gpus() == []
+
+
+def test_nvml_reports_devices(monkeypatch):
+    mem = types.SimpleNamespace(total=81559 * 2**20, free=80000 * 2**20, used=1559 * 2**20)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3" if h == 0 else "NVIDIA H20",
+        nvmlDeviceGetMemoryInfo=lambda h: mem)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    found = nvml.detect_gpus()
+    assert [(d.index, d.name) for d in found] == [(0, "NVIDIA H100 80GB HBM3"), (1, "NVIDIA H20")]
+    assert found[0].spec.key == "h100-sxm-80gb" and found[1].spec is None
+    assert found[0].total_bytes == mem.total and found[0].free_bytes == mem.free
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert [d.index for d in nvml.detect_gpus()] == [1]
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has an NVIDIA GPU")
+def test_nvml_on_this_machine_finds_nothing():
+    assert nvml.detect_gpus() == []
