@@ -172,7 +172,7 @@ def resolve_quant(model: ModelSpec, cfg: EngineConfig) -> QuantSpec | None:
 def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
     """CudaPlatform block size: 16, or the MLA backend's (FlashMLA 64 on Hopper, CUTLASS MLA 128 on Blackwell)."""
     if model.mla:
-        if gpu.compute_capability >= (10, 0) and version >= (0, 10, 0):
+        if (10, 0) <= gpu.compute_capability < (11, 0) and version >= (0, 10, 0):  # data-centre Blackwell only
             return 128
         if gpu.compute_capability >= (9, 0) and (0, 8, 0) <= version < (0, 18, 0):
             return 64
