@@ -185,6 +185,8 @@ def build(version: str = PINNED_VERSION, *, targets: tuple[str, ...] = (SERVER_T
                          + " (Debian: apt-get install cmake g++)")
     dest = install_dir(version)
     dest.mkdir(parents=True, exist_ok=True)
+    for stale in dest.glob(".work-*"):  # left by a build that was killed (we hold the lock: nobody else builds)
+        shutil.rmtree(stale, ignore_errors=True)
     log = dest / "build.log"
     log.write_text("")
     started = time.monotonic()

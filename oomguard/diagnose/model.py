@@ -1,0 +1,83 @@
+"""Findings: what `oomguard diagnose` reports, and their JSON contract (issue 4).
+
+A finding: `class` (a slug below), `confidence` (0..1), `summary` (the cause in one sentence), `evidence`
+(lines with their numbers), `fixes` (ordered; `{flag, value, reason}` or `{action, reason}`). Optional keys are
+added, never renamed: `command` (the user's `vllm serve` line rewritten with the fix), `notes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+LOG_CLASSES = ("oom_weights_load", "kv_cache_too_small", "no_cache_blocks", "oom_profiling_or_graph", "oom_runtime",
+               "gpu_memory_in_use", "tp_misconfig", "context_too_long", "tokenizer_chat_template", "connection",
+               "dtype_capability", "quantization_mismatch", "nccl", "model_access", "engine_bug", "unknown")
+METRIC_CLASSES = ("kv_pressure", "preemptions_rising", "queue_growing", "prefix_cache_low_hit_rate",
+                  "memory_growing", "ttft_queue_bound")
+
+
+@dataclass
+class Fix:
+    reason: str
+    flag: str | None = None
+    value: object = None
+    action: str | None = None
+
+    def to_dict(self) -> dict:
+        if self.flag is not None:
+            return {"flag": self.flag, "value": self.value, "reason": self.reason}
+        return {"action": self.action or "", "reason": self.reason}
+
+    def render(self) -> str:
+        if self.flag is None:
+            return self.action or ""
+        if self.flag.startswith("-"):
+            if self.value is True:
+                return self.flag
+            return f"{self.flag} {self.value}"
+        return f"{self.flag}={self.value}"  # an environment variable
+
+
+@dataclass
+class EvidenceLine:
+    line: int
+    text: str
+    file: str = "-"
+
+    def to_dict(self) -> dict:
+        return {"line": self.line, "text": self.text, "file": self.file}
+
+
+@dataclass
+class Finding:
+    cls: str
+    confidence: float
+    summary: str
+    evidence: list[EvidenceLine] = field(default_factory=list)
+    fixes: list[Fix] = field(default_factory=list)
+    command: str | None = None
+    notes: list[str] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {"class": self.cls, "confidence": round(self.confidence, 2), "summary": self.summary,
+               "evidence": [e.to_dict() for e in self.evidence], "fixes": [f.to_dict() for f in self.fixes]}
+        if self.command:
+            out["command"] = self.command
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+
+@dataclass
+class Diagnosis:
+    findings: list[Finding]
+    facts: dict
+    lines: int = 0
+
+    def to_dict(self) -> dict:
+        return {"findings": [f.to_dict() for f in self.findings], "facts": self.facts}
+
+    @property
+    def top(self) -> str | None:
+        return self.findings[0].cls if self.findings else None

@@ -1,0 +1,702 @@
+"""From what the scan saw to ranked findings, each with its cause and fixes computed from the numbers in the text.
+
+Ranking: a class's score is the weight of its most specific message (an exact vLLM error text outranks a
+library error, which outranks a keyword hint); an out-of-memory error is placed by its traceback frames, then by
+the startup phase it happened in, and counted as `gpu_memory_in_use` when the message shows other processes
+holding the memory. Consequences do not outrank causes: client connection errors after a server-side failure,
+and a generic internal assertion next to a specific configuration error, are ranked lower.
+"""
+
+from __future__ import annotations
+
+import math
+
+from oomguard.diagnose.facts import warnings as warning_signs
+from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
+from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
+from oomguard.engines.vllm import signatures as vllm_signatures
+from oomguard.engines.vllm.startup_log import PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES
+
+MAX_FINDINGS = 5
+MIN_SCORE = 0.3
+DEFAULT_UTILIZATION = 0.9   # vLLM's default before 0.22 (0.92 from 0.22)
+SAFETY_GIB = 0.5            # kept free below another process's memory when sizing gpu_memory_utilization
+
+
+# -- numbers ---------------------------------------------------------------------------------------------------
+def floor2(x: float) -> float:
+    return math.floor(x * 100 + 1e-9) / 100
+
+
+def _num(*values):
+    for value in values:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _version(facts: dict) -> tuple[int, int, int] | None:
+    text = facts.get("vllm_version")
+    if not text:
+        return None
+    try:
+        from oomguard.engines.vllm.versions import parse_version
+        return parse_version(text)
+    except Exception:
+        return None
+
+
+def default_utilization(facts: dict) -> float:
+    version = _version(facts)
+    return 0.92 if version and version >= (0, 22, 0) else DEFAULT_UTILIZATION
+
+
+def tp_candidates(divide: int, gpus: int | None, current: int | None = None) -> list[int]:
+    """TP sizes that divide `divide` and fit the GPU count: powers of two first, largest first."""
+    limit = gpus or max(current or 1, 8)
+    sizes = [d for d in range(1, min(divide, limit) + 1) if divide % d == 0]
+    if current:
+        sizes = [d for d in sizes if d != current] or sizes
+    return sorted(sizes, key=lambda d: (d & (d - 1) != 0, -d))
+
+
+def utilization_for(free_gib: float, total_gib: float) -> float | None:
+    """The largest gpu_memory_utilization (2 decimals) whose budget fits in the free memory, with a margin."""
+    if not total_gib or free_gib is None:
+        return None
+    value = floor2((free_gib - SAFETY_GIB) / total_gib)
+    return value if value >= 0.05 else None
+
+
+# -- out-of-memory placement -----------------------------------------------------------------------------------
+def place_oom(event: OomEvent, facts: dict) -> tuple[str, float, str]:
+    """(class, confidence, why) for one out-of-memory error."""
+    n = event.numbers
+    total = n.get("total_gib") or facts.get("total_gpu_memory_gib")
+    other = n.get("other_total_gib", 0.0)
+    if other and other >= 1.0 and (not total or other >= 0.04 * total):
+        return "gpu_memory_in_use", 0.88, f"other processes hold {other:.2f} GiB of this GPU"
+    frames = set(event.frames)
+    text = event.text.lower()
+    if "warming up sampler" in text or "sampler" in frames:
+        return "oom_profiling_or_graph", 0.9, "it happened while warming up the sampler"
+    if frames & PROFILE_FRAMES:
+        where = "capturing CUDA graphs" if any("captur" in f for f in frames) else "the startup profile run"
+        return "oom_profiling_or_graph", 0.88, f"the traceback is in {where}"
+    if frames & WEIGHT_FRAMES:
+        return "oom_weights_load", 0.88, "the traceback is in model loading"
+    if frames & RUNTIME_FRAMES and event.phase in ("ready", "serving", "start"):
+        return "oom_runtime", 0.85, "the traceback is in a serving step"
+    phase = event.phase
+    if phase == "loading":
+        return "oom_weights_load", 0.8, "it happened while the weights were loading"
+    if phase in ("weights_loaded", "profiled"):
+        return "oom_profiling_or_graph", 0.78, "it happened after the weights loaded, while vLLM profiled memory"
+    if phase == "capturing":
+        return "oom_profiling_or_graph", 0.82, "it happened while vLLM captured CUDA graphs"
+    if phase in ("ready", "serving"):
+        return "oom_runtime", 0.82, "it happened after startup, while serving"
+    if frames & RUNTIME_FRAMES:
+        return "oom_runtime", 0.75, "the traceback is in a model step"
+    self_gib = n.get("self_gib")
+    if total and self_gib and self_gib >= 0.8 * total:
+        return "oom_runtime", 0.6, "the process already held most of the GPU (vLLM had allocated its KV cache)"
+    free, tried = n.get("free_gib"), n.get("tried_gib")
+    if total and self_gib is not None and free is not None:
+        hidden = total - free - self_gib
+        if hidden >= max(2.0, 0.1 * total):
+            return "gpu_memory_in_use", 0.7, f"about {hidden:.2f} GiB of this GPU is held outside this process"
+    return "oom_runtime", 0.5, "the log does not show where it happened"
+
+
+# -- fixes per class -----------------------------------------------------------------------------------------------
+def _kv_too_small(n: dict, facts: dict) -> tuple[str, list[Fix]]:
+    max_len = _num(n.get("max_model_len"), facts.get("max_model_len"))
+    est = _num(n.get("estimated_max_model_len"))
+    needed, avail = _num(n.get("needed_gib")), _num(n.get("available_gib"))
+    kv_tokens = _num(n.get("kv_tokens"))
+    fixes: list[Fix] = []
+    if est:
+        fixes.append(Fix("vLLM's own estimate of the longest context the KV cache holds", "--max-model-len", int(est)))
+    elif kv_tokens:
+        fixes.append(Fix(f"the KV cache stores {kv_tokens:,} tokens; one request of max_model_len must fit in it",
+                         "--max-model-len", int(kv_tokens)))
+    elif max_len and needed and avail and avail > 0:
+        value = int(max_len * avail / needed) // 16 * 16
+        if value > 0:
+            fixes.append(Fix(f"{avail} of the {needed} GiB one request needs is available: scaled down from "
+                             f"{max_len:,} (vLLM did not print its estimate)", "--max-model-len", value))
+    total = _num(facts.get("total_gpu_memory_gib"))
+    util = _num(facts.get("gpu_memory_utilization")) or default_utilization(facts)
+    if needed and avail is not None and total:
+        raise_to = math.ceil((util + (needed - avail) / total) * 100) / 100 + 0.01
+        if raise_to <= 0.95:
+            fixes.append(Fix(f"gives the KV cache the missing {needed - avail:.2f} GiB (of a {total} GiB GPU) if that "
+                             "memory is free", "--gpu-memory-utilization", round(raise_to, 2)))
+    if str(facts.get("kv_cache_dtype", "auto")) in ("auto", "None"):
+        fixes.append(Fix("an fp8 KV cache stores twice the tokens in the same memory (small accuracy cost)",
+                         "--kv-cache-dtype", "fp8"))
+    fixes.append(Fix("more GPUs split the KV cache (and the weights) between them",
+                     action="raise --tensor-parallel-size if more GPUs are available"))
+    summary = "The KV cache cannot hold one request of max_model_len"
+    if max_len:
+        summary += f" ({max_len:,} tokens"
+        summary += f", {needed} GiB needed vs {avail} GiB available per GPU)" if needed and avail is not None else ")"
+    elif kv_tokens:
+        summary += f" (it holds {kv_tokens:,} tokens)"
+    return summary + ".", fixes
+
+
+def _no_cache_blocks(n: dict, facts: dict) -> tuple[str, list[Fix]]:
+    util = _num(facts.get("gpu_memory_utilization"))
+    total = _num(facts.get("total_gpu_memory_gib"))
+    weights = _num(facts.get("weights_gib"))
+    fixes: list[Fix] = []
+    if weights and total and weights >= 0.85 * total:
+        fixes.append(Fix(f"the weights ({weights} GiB) alone nearly fill the {total} GiB GPU: split them",
+                         "--tensor-parallel-size", 2))
+    target = None
+    if weights and total:
+        other = _num(facts.get("activation_peak_gib"), 0) + _num(facts.get("non_torch_gib"), 0)
+        target = math.ceil((weights + other + 1.0) / total * 100) / 100
+        if target > 0.95:
+            target = None
+    if target is None and (util is None or util < 0.9):
+        target = default_utilization(facts) if util is None or util < default_utilization(facts) else None
+    if target and (util is None or target > util):
+        fixes.append(Fix("leaves room for at least a small KV cache after weights and activations",
+                         "--gpu-memory-utilization", target))
+    batched = _num(facts.get("max_num_batched_tokens"))
+    fixes.append(Fix("a smaller prefill batch lowers the activation peak vLLM reserves",
+                     "--max-num-batched-tokens", max(512, int(batched // 2)) if batched else 2048))
+    fixes.append(Fix("a quantized checkpoint (AWQ/GPTQ/FP8) or a smaller model frees memory for the KV cache",
+                     action="use a quantized checkpoint or more GPUs (--tensor-parallel-size)"))
+    summary = "Nothing was left for the KV cache after weights, activations and non-torch memory"
+    if util:
+        summary += f" (gpu_memory_utilization {util})"
+    return summary + ".", fixes
+
+
+def _gpu_in_use(n: dict, facts: dict) -> tuple[str, list[Fix]]:
+    free, total = _num(n.get("free_gib")), _num(n.get("total_gib"), facts.get("total_gpu_memory_gib"))
+    other = _num(n.get("other_total_gib"))
+    requested = _num(n.get("requested_gib"))
+    if free is None and other is not None and total:
+        free = total - other
+    fixes: list[Fix] = []
+    util = utilization_for(free, total) if free is not None and total else None
+    if util:
+        held = total - free
+        fixes.append(Fix(f"fits in the {free:.2f} GiB free of {total:.2f} GiB ({held:.2f} GiB is held by another "
+                         f"process), with {SAFETY_GIB} GiB to spare", "--gpu-memory-utilization", util))
+    elif "initial_gib" in n:
+        fixes.append(Fix("vLLM measures memory by difference; another process changing its usage breaks that",
+                         action="run vLLM on a GPU (or container) no other process uses while it starts"))
+    fixes.append(Fix("see who holds the memory, then stop it or move vLLM to another GPU",
+                     action="nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv"))
+    fixes.append(Fix("an old vLLM or notebook process often still holds the GPU",
+                     action="stop leftover processes (a previous vLLM, a Jupyter kernel) or pick a free GPU with "
+                            "CUDA_VISIBLE_DEVICES"))
+    if free is not None and total:
+        summary = f"Another process holds {total - free:.2f} of {total:.2f} GiB on this GPU"
+        if requested:
+            summary += f", so the {requested} GiB that gpu_memory_utilization asks for is not free"
+    elif other:
+        summary = f"Other processes hold {other:.2f} GiB of this GPU"
+    else:
+        summary = "GPU memory held by another process changed or blocked vLLM's startup"
+    return summary + ".", fixes
+
+
+def _oom_weights(n: dict, facts: dict) -> tuple[str, list[Fix]]:
+    fixes: list[Fix] = []
+    if str(facts.get("dtype", "")).lower() in ("float32", "float"):
+        fixes.append(Fix("the model runs in float32 (4 bytes a parameter); half precision halves the weights",
+                         "--dtype", "half" if _cc_below_8(facts) else "bfloat16"))
+    gpus = _num(facts.get("gpu_count"))
+    tp = _num(facts.get("tensor_parallel_size")) or 1
+    if gpus and gpus > tp:
+        fixes.append(Fix(f"splits the weights over the {int(gpus)} GPUs", "--tensor-parallel-size",
+                         1 << (int(gpus).bit_length() - 1)))
+    else:
+        fixes.append(Fix("splits the weights over twice as many GPUs (if you have them)", "--tensor-parallel-size",
+                         int(tp) * 2))
+    weights, total = _num(facts.get("weights_gib")), _num(n.get("total_gib"), facts.get("total_gpu_memory_gib"))
+    tried, free = _num(n.get("tried_gib")), _num(n.get("free_gib"))
+    if weights and total:
+        offload = math.ceil(weights - 0.8 * total) if weights > 0.8 * total else None
+    elif tried is not None and free is not None:
+        offload = max(1, math.ceil(tried - free + 1))
+    else:
+        offload = None
+    fixes.append(Fix("a 4-bit (AWQ/GPTQ) or FP8 checkpoint needs a quarter / half of the memory",
+                     action="use a quantized checkpoint (AWQ/GPTQ 4-bit, or FP8 on compute capability >= 8.9)"))
+    if offload:
+        fixes.append(Fix("keeps that many GiB of weights in CPU memory (slower, but it starts)", "--cpu-offload-gb",
+                         offload))
+    summary = "The model's weights do not fit in GPU memory"
+    if total:
+        summary += f" ({total:.2f} GiB GPU"
+        summary += f", {free:.2f} GiB free when {tried:.2f} GiB more was needed)" if free is not None and tried else ")"
+    return summary + ".", fixes
+
+
+def _cc_below_8(facts: dict) -> bool:
+    try:
+        return float(facts.get("compute_capability", 9)) < 8.0
+    except (TypeError, ValueError):
+        return False
+
+
+def _oom_profile(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
+    fixes: list[Fix] = []
+    dummy = _num(n.get("dummy_requests"))
+    seqs = _num(facts.get("max_num_seqs"))
+    graph = "graph" in why or "captur" in why
+    if dummy:
+        value = max(1, 1 << (int(dummy // 2).bit_length() - 1)) if dummy >= 2 else 1
+        fixes.append(Fix(f"vLLM warms the sampler up with max_num_seqs ({int(dummy)}) requests at once",
+                         "--max-num-seqs", value))
+    if graph:
+        fixes.append(Fix("skips CUDA graph capture (and its memory); decoding gets slower", "--enforce-eager", True))
+    batched = _num(facts.get("max_num_batched_tokens"))
+    fixes.append(Fix("the profile run's activation peak grows with the tokens of one step",
+                     "--max-num-batched-tokens", max(512, int(batched // 2)) if batched else 2048))
+    if not dummy:
+        fixes.append(Fix("fewer sequences per step shrink the warm-up batches and the captured graphs",
+                         "--max-num-seqs", max(1, int(seqs // 2)) if seqs else 128))
+    if not graph:
+        fixes.append(Fix("CUDA graph capture needs memory outside the KV budget in older vLLM", "--enforce-eager",
+                         True))
+    util = _num(facts.get("gpu_memory_utilization"))
+    if util and util > 0.9:
+        fixes.append(Fix("leaves room for memory vLLM does not budget (graphs, NCCL, the sampler)",
+                         "--gpu-memory-utilization", 0.9))
+    if _fragmented(n):
+        fixes.insert(0, Fix(f"{n['reserved_unallocated_gib']:.2f} GiB is reserved by PyTorch but unallocated "
+                            "(fragmentation)", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))
+    summary = "vLLM ran out of memory during startup " + ("CUDA graph capture" if graph else "profiling/warm-up")
+    if why:
+        summary += f" ({why})"
+    return summary + ".", fixes
+
+
+def _fragmented(n: dict) -> bool:
+    unalloc = n.get("reserved_unallocated_gib")
+    return bool(unalloc and unalloc >= max(0.5, n.get("tried_gib") or 0.0))
+
+
+def _oom_runtime(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
+    fixes: list[Fix] = []
+    if _fragmented(n):
+        fixes.append(Fix(f"{n['reserved_unallocated_gib']:.2f} GiB is reserved by PyTorch but unallocated "
+                         "(fragmentation)", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"))
+    util = _num(facts.get("gpu_memory_utilization")) or default_utilization(facts)
+    total, tried, free = _num(n.get("total_gib"), facts.get("total_gpu_memory_gib")), _num(n.get("tried_gib")), \
+        _num(n.get("free_gib"), 0.0)
+    if total and tried:
+        lower = floor2(util - (tried - free) / total - 0.02)
+        if 0.3 <= lower < util:
+            fixes.append(Fix(f"leaves the {tried:.2f} GiB the failed allocation needed outside vLLM's budget",
+                             "--gpu-memory-utilization", lower))
+    else:
+        fixes.append(Fix("leaves headroom outside vLLM's budget for runtime allocations", "--gpu-memory-utilization",
+                         round(util - 0.05, 2)))
+    seqs = _num(facts.get("max_num_seqs"))
+    fixes.append(Fix("fewer requests per step lower the activation and logits peak", "--max-num-seqs",
+                     max(1, int(seqs // 2)) if seqs else 128))
+    batched = _num(facts.get("max_num_batched_tokens"))
+    fixes.append(Fix("smaller prefill chunks lower the per-step peak (long prompts)", "--max-num-batched-tokens",
+                     max(512, int(batched // 2)) if batched else 2048))
+    if not _fragmented(n):
+        fixes.append(Fix("avoids fragmentation of PyTorch's cache", "PYTORCH_CUDA_ALLOC_CONF",
+                         "expandable_segments:True"))
+    summary = "The server ran out of GPU memory while serving"
+    if tried and total:
+        summary += f" (it needed {tried:.2f} GiB more on a {total:.2f} GiB GPU)"
+    return summary + (f"; {why}" if why and "serving" not in why else "") + ".", fixes
+
+
+def _tp(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    heads = _num(n.get("num_attention_heads"), n.get("numerator"))
+    tp = _num(n.get("tensor_parallel_size"), n.get("denominator"), facts.get("tensor_parallel_size"))
+    gpus = _num(facts.get("gpu_count"))
+    fixes: list[Fix] = []
+    ids = set(hits.signatures) if hits else set()
+    if heads:
+        sizes = tp_candidates(int(heads), int(gpus) if gpus else None, int(tp) if tp else None)
+        if sizes:
+            others = ", ".join(map(str, sizes[1:5]))
+            fixes.append(Fix(f"divides the {int(heads)} heads" + (f" and fits the {int(gpus)} GPUs" if gpus else "")
+                             + (f" (also valid: {others})" if others else ""), "--tensor-parallel-size", sizes[0]))
+        fixes.append(Fix("or keep the layout and split layers instead of heads",
+                         action="use --pipeline-parallel-size for the GPUs that TP cannot use"))
+        summary = f"tensor_parallel_size {int(tp) if tp else '?'} does not divide the model's {int(heads)} " \
+                  "attention heads" if "numerator" not in n else \
+                  f"A model dimension ({int(heads)}) is not divisible by tensor_parallel_size {int(tp) if tp else '?'}"
+        return summary + ".", fixes
+    if ids & {"vllm.ray_not_enough_gpus", "vllm.pg_required_gpus", "vllm.pg_timeout", "vllm.ray_required"}:
+        if gpus:
+            fixes.append(Fix(f"the machine has {int(gpus)} GPUs", "--tensor-parallel-size",
+                             1 << (int(gpus).bit_length() - 1)))
+        fixes.append(Fix("TP x PP must not exceed the GPUs vLLM can see",
+                         action="check nvidia-smi -L and CUDA_VISIBLE_DEVICES; set --tensor-parallel-size to that count"))
+        return "tensor_parallel_size x pipeline_parallel_size asks for more GPUs than vLLM can see.", fixes
+    if "vllm.tp_gt_experts" in ids and n.get("num_experts"):
+        fixes.append(Fix("expert parallelism splits experts instead", "--enable-expert-parallel", True))
+    fixes.append(Fix("a smaller power of two usually divides every dimension", "--tensor-parallel-size",
+                     max(1, int(tp) // 2) if tp and tp > 1 else 2))
+    cause = hits.best.cause if hits and hits.best else "The tensor-parallel layout does not fit the model or the GPUs."
+    return _fill(cause, n), fixes
+
+
+def _ctx(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    max_len = _num(n.get("max_model_len"), facts.get("max_model_len"), facts.get("n_ctx"))
+    prompt = _num(n.get("prompt_tokens"), n.get("prompt_tokens_b"), n.get("prompt_tokens_c"), n.get("prompt_tokens_d"))
+    completion = _num(n.get("completion_tokens"), n.get("completion_tokens_b"))
+    requested = _num(n.get("requested_tokens"))
+    if requested and prompt is None and completion is None:
+        prompt = None
+    derived = _num(n.get("derived_max_model_len"))
+    fixes: list[Fix] = []
+    if derived:
+        fixes.append(Fix("the model's own context limit (max_position_embeddings)", "--max-model-len", int(derived)))
+        fixes.append(Fix("only if the model really handles longer contexts (RoPE scaling)",
+                         "VLLM_ALLOW_LONG_MAX_MODEL_LEN", 1))
+        return f"--max-model-len {max_len} is above the model's limit of {derived} tokens.", fixes
+    if max_len and prompt is not None and prompt < max_len:
+        fixes.append(Fix(f"prompt ({prompt:,}) + max_tokens must fit in max_model_len {max_len:,}: set it in the "
+                         "request", "max_tokens", int(max_len - prompt)))
+    need = (prompt or 0) + (completion or 0) or requested
+    if need and max_len and need > max_len:
+        fixes.append(Fix(f"the request needs {need:,} tokens; only if the model and the KV cache allow it",
+                         "--max-model-len", int(math.ceil(need / 1024) * 1024)))
+    fixes.append(Fix("keep requests inside the context", action="truncate or summarise the prompt/history before "
+                                                                  "sending, and cap max_tokens"))
+    if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
+        fixes.insert(0, Fix("llama-server splits -c over --parallel slots; each slot gets -c / --parallel tokens",
+                            action="raise -c (--ctx-size) or lower --parallel"))
+    summary = "The request is longer than the context the server allows"
+    if max_len:
+        summary += f" (max_model_len {max_len:,}"
+        summary += f"; prompt {prompt:,}" if prompt is not None else ""
+        summary += f" + {completion:,} completion" if completion else ""
+        summary += f"; {requested:,} requested" if requested and not completion else ""
+        summary += ")"
+    return summary + ".", fixes
+
+
+def _template(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if ids & {"tok.enum", "tok.class"}:
+        fixes.append(Fix("tokenizer.json / tokenizer_config.json need a newer tokenizers/transformers",
+                         action="pip install -U transformers tokenizers"))
+    if "vllm.tool_choice" in ids:
+        fixes.append(Fix("tool calls need both flags", "--enable-auto-tool-choice", True))
+        fixes.append(Fix("the parser that matches the model family (e.g. hermes, llama3_json, mistral)",
+                         "--tool-call-parser", "hermes"))
+    if "vllm.mistral_tokenizer" in ids:
+        fixes.append(Fix("Mistral-format checkpoints ship their tokenizer in mistral_common format",
+                         "--tokenizer-mode", "mistral"))
+    if ids & {"tpl.roles", "tpl.system_role"}:
+        fixes.append(Fix("this template only takes alternating user/assistant turns",
+                         action="merge the system prompt into the first user turn and alternate roles, or pass a "
+                                "template that accepts them with --chat-template"))
+    fixes.append(Fix("a base model or a fine-tune without a template needs one", "--chat-template",
+                     "./template.jinja"))
+    fixes.append(Fix("a fine-tune that lost its tokenizer files can use the base model's", "--tokenizer",
+                     "<base model id>"))
+    cause = hits.best.cause if hits and hits.best else "The tokenizer or chat template failed."
+    return cause, fixes
+
+
+def _connection(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if "http.wrong_path" in ids:
+        fixes.append(Fix("vLLM's OpenAI routes live under /v1", action="set base_url to http://HOST:PORT/v1"))
+    if "http.proxy_env" in ids or "http.bad_gateway" in ids or "http.502" in ids:
+        fixes.append(Fix("an HTTP proxy variable routes local requests through the proxy", "NO_PROXY",
+                         "localhost,127.0.0.1"))
+    if "http.addr_in_use" in ids:
+        fixes.append(Fix("another process has the port", "--port", 8001))
+    if "openai.api_key" in ids:
+        fixes.append(Fix("the OpenAI client insists on a key; any string works unless --api-key is set",
+                         action='OpenAI(base_url="http://HOST:PORT/v1", api_key="EMPTY")'))
+    fixes.append(Fix("the port opens only after weights load, memory is profiled and graphs are captured",
+                     action="wait until `curl -sf http://HOST:PORT/health` returns 200 before sending requests"))
+    fixes.append(Fix("a crashed engine also shows up as refused or dropped connections",
+                     action="read the server log for the first ERROR (run oomguard diagnose on it)"))
+    if ids & {"httpx.read_timeout", "openai.timeout", "http.504"}:
+        fixes.append(Fix("long generations outlast default client timeouts", action="raise the client timeout "
+                                                                                     "(e.g. OpenAI(timeout=600))"))
+    cause = hits.best.cause if hits and hits.best else "The client could not reach the server."
+    return _fill(cause, n), fixes
+
+
+def _dtype(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if "vllm.quant_capability" in ids:
+        fixes.append(Fix(f"this GPU (capability {n.get('compute_capability', '?')}) needs a method whose kernels "
+                         f"it has", action="use an AWQ/GPTQ checkpoint (>= 7.5 with Marlin from 8.0) or an unquantized "
+                                           "one with --dtype half"))
+    if ids & {"vllm.bf16_cc", "bf16.generic", "vllm.fa_ampere", "triton.arch"} or _cc_below_8(facts) or \
+            ("compute_capability" in n and _lt8(n["compute_capability"])):
+        fixes.insert(0, Fix("compute capability below 8.0 has no bfloat16; float16 works", "--dtype", "half"))
+    if ids & {"cuda.no_kernel", "torch.sm_incompatible"}:
+        fixes.append(Fix("the installed wheels were not built for this GPU's architecture",
+                         action="install a vLLM/PyTorch build that supports this GPU (check `python -c \"import "
+                                "torch; print(torch.cuda.get_arch_list())\"`)"))
+    if not fixes:
+        fixes.append(Fix("float16 runs on every CUDA GPU vLLM supports", "--dtype", "half"))
+    cause = hits.best.cause if hits and hits.best else "The GPU does not support this data type."
+    return _fill(cause, n), fixes
+
+
+def _lt8(value) -> bool:
+    try:
+        v = float(value)
+        return v < 8.0 if v < 20 else v < 80
+    except (TypeError, ValueError):
+        return False
+
+
+def _quant(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if "vllm.quant_mismatch" in ids and n.get("model_quantization"):
+        fixes.append(Fix("the checkpoint's own method; or drop --quantization and let vLLM read it",
+                         "--quantization", str(n["model_quantization"]).strip()))
+    if "vllm.quant_dtype" in ids:
+        supported = str(n.get("supported", ""))
+        value = "half" if "float16" in supported and "bfloat16" not in supported.replace("float16", "", 1) else \
+            ("bfloat16" if "bfloat16" in supported else "half")
+        fixes.append(Fix(f"the {n.get('quantization', '')} kernels take {supported}", "--dtype", value))
+    if "vllm.bnb_load_format" in ids:
+        fixes.append(Fix("bitsandbytes needs both", "--quantization", "bitsandbytes"))
+        fixes.append(Fix("bitsandbytes needs both", "--load-format", "bitsandbytes"))
+    if "vllm.quant_config_missing" in ids or "vllm.quant_unknown" in ids or not fixes:
+        fixes.append(Fix("vLLM reads the method from the checkpoint's quantization_config",
+                         action="drop --quantization (or match it to the checkpoint's quantization_config)"))
+    fixes.append(Fix("a checkpoint made for vLLM avoids loader mismatches",
+                     action="use a checkpoint quantized with a method vLLM supports (AWQ, GPTQ, FP8, "
+                            "compressed-tensors)"))
+    cause = hits.best.cause if hits and hits.best else "The quantization settings do not match the checkpoint."
+    return _fill(cause, n), fixes
+
+
+def _nccl(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if ids & {"nccl.shm", "nccl.shm_dev", "bus.error"}:
+        fixes.append(Fix("NCCL needs shared memory between the GPU processes; Docker's default /dev/shm is 64 MB",
+                         action="run the container with --ipc=host or --shm-size=16g"))
+    fixes.append(Fix("peer-to-peer transfers fail or hang on many PCIe/consumer/virtualised setups",
+                     "NCCL_P2P_DISABLE", 1))
+    fixes.append(Fix("vLLM's custom all-reduce also uses P2P; NCCL's own is the safe fallback",
+                     "--disable-custom-all-reduce", True))
+    fixes.append(Fix("shows which transport failed", "NCCL_DEBUG", "INFO"))
+    if "torch.socket_listen" in ids or "nccl.socket" in ids:
+        fixes.append(Fix("the ranks rendezvous over a socket", action="free the port or pick the right interface "
+                                                                       "with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME"))
+    cause = hits.best.cause if hits and hits.best else "Communication between the GPUs (NCCL) failed."
+    return cause, fixes
+
+
+def _access(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    gated = bool(ids & {"hf.gated", "hf.gated_text", "hf.restricted", "hf.restricted_b", "hf.auth", "hf.401",
+                        "hf.403", "hf.invalid_token", "hf.token_hint"})
+    if gated or not ids & {"hf.offline", "hf.local_entry", "hf.disk_cache", "llamacpp.gguf_open",
+                           "llamacpp.gguf_bounds", "hf.no_config", "hf.repo_id", "hf.revision"}:
+        fixes.append(Fix("gated models need a token from an account that accepted the license", "HF_TOKEN",
+                         "<your hf_... token>"))
+        fixes.append(Fix("access is granted per account", action="accept the model's license on its Hugging Face "
+                                                                  "page with the token's account"))
+    if ids & {"hf.offline", "hf.local_entry", "hf.disk_cache"}:
+        fixes.append(Fix("download once where the hub is reachable, then serve from the cache or a directory",
+                         action="huggingface-cli download MODEL, then serve the local path (HF_HUB_OFFLINE=1)"))
+    if ids & {"hf.no_config", "hf.repo_not_found", "hf.repo_not_found_text", "hf.not_identifier", "hf.repo_id",
+              "hf.incorrect_path", "llamacpp.gguf_open"}:
+        fixes.append(Fix("a typo, a private repo, or a relative path that does not exist where the server runs",
+                         action="check the model id/path (and --revision)"))
+    if "llamacpp.gguf_bounds" in ids:
+        fixes.append(Fix("the file is shorter than its header says", action="download the GGUF again and check "
+                                                                            "its checksum"))
+    cause = hits.best.cause if hits and hits.best else "The model could not be fetched or read."
+    return cause, fixes
+
+
+def _bug(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
+    ids = set(hits.signatures) if hits else set()
+    fixes: list[Fix] = []
+    if ids & {"torch.dynamo", "torch.backend_compiler", "torch.inductor", "triton.compile"}:
+        fixes.append(Fix("skips torch.compile and CUDA graphs, where the failure is", "--enforce-eager", True))
+    version = facts.get("vllm_version")
+    fixes.append(Fix("this is a defect in the engine, not your configuration",
+                     action=f"upgrade vLLM{f' (running {version})' if version else ''}, or pin the last release "
+                            "that worked"))
+    fixes.append(Fix("maintainers need the full log", action="search/report it on the engine's issue tracker "
+                                                             "with this log"))
+    cause = hits.best.cause if hits and hits.best else "The engine hit an internal error."
+    return cause + " This is the engine's bug, not your configuration.", fixes
+
+
+def _fill(template: str, numbers: dict) -> str:
+    try:
+        return template.format(**{k: (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and v >= 10000
+                                      else v) for k, v in numbers.items()})
+    except (KeyError, IndexError, ValueError):
+        return template.split("{")[0].rstrip(" (,") + ("." if "{" in template else "")
+
+
+# -- assembling ----------------------------------------------------------------------------------------------------
+def _evidence(hits: ClassHits | None, extra: list[tuple[str, int, str]] = ()) -> list[EvidenceLine]:
+    items = (hits.evidence.lines() if hits else []) + list(extra)
+    seen, out = set(), []
+    for source, line, text in sorted(items, key=lambda i: (i[0], i[1])):
+        if (source, line) in seen:
+            continue
+        seen.add((source, line))
+        out.append(EvidenceLine(line, text, source))
+    return out[:8]
+
+
+def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
+    scored: list[tuple[float, int, Finding]] = []
+    classes = dict(scanner.classes)
+
+    # out-of-memory errors: placed by frames/phase; the first one is the root, later ones repeat it
+    oom_class, oom_conf, oom_why, oom_numbers, oom_evidence = None, 0.0, "", {}, []
+    if scanner.ooms:
+        first = scanner.ooms[0]
+        oom_class, oom_conf, oom_why = place_oom(first, facts)
+        for event in scanner.ooms:
+            for key, value in event.numbers.items():
+                oom_numbers.setdefault(key, value)
+            if len(oom_evidence) < 4:
+                oom_evidence.append((event.source, event.line, event.text))
+
+    handled = set()
+    for cls in list(classes) + ([oom_class] if oom_class and oom_class not in classes else []):
+        hits = classes.get(cls)
+        weight = hits.weight if hits else 0.0
+        numbers = dict(hits.numbers) if hits else {}
+        extra = []
+        why = ""
+        if cls == oom_class:
+            weight = max(weight, oom_conf) + (0.03 if hits else 0.0)
+            for key, value in oom_numbers.items():
+                numbers.setdefault(key, value)
+            extra = oom_evidence
+            why = oom_why
+        kind = hits.kind if hits else "error"
+        summary, fixes = _build(cls, numbers, facts, hits, why)
+        finding = Finding(cls, min(weight, 0.99), summary, _evidence(hits, extra), fixes, numbers=numbers)
+        if cls == oom_class and oom_why and cls.startswith("oom_"):
+            finding.notes.append(f"placed as {cls} because {oom_why}")
+        lines = ([hits.first_line] if hits else []) + [e[1] for e in extra]
+        first_line = min(lines) if lines else 0
+        scored.append((weight, first_line, finding, kind))
+        handled.add(cls)
+
+    scored = _precedence(scored)
+    _known_regressions(scored, facts)
+    scored.sort(key=lambda s: (-s[0], s[1]))
+    findings = [f for w, _, f, _ in scored if w >= MIN_SCORE][:MAX_FINDINGS]
+    for w, _, f, _ in scored:
+        f.confidence = round(min(max(w, 0.05), 0.99), 2)
+    if not findings and scanner.error_lines:
+        findings.append(Finding("unknown", 0.2, "No known failure signature matched; these are the last error lines.",
+                                [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines],
+                                [Fix("nothing in oomguard's signature tables matched",
+                                     action="read the first ERROR/Traceback in the log; if it is an engine failure, "
+                                            "report it with the log")]))
+    return findings
+
+
+def _build(cls: str, numbers: dict, facts: dict, hits: ClassHits | None, why: str) -> tuple[str, list[Fix]]:
+    if cls == "kv_cache_too_small":
+        if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
+            return (hits.best.cause if hits.best else "The KV cache does not fit."), [
+                Fix("the KV cache grows with the context", action="lower -c (--ctx-size)"),
+                Fix("a quantized KV cache halves it", "--cache-type-k", "q8_0"),
+                Fix("and the V half (needs flash attention, -fa)", "--cache-type-v", "q8_0")]
+        return _kv_too_small(numbers, facts)
+    if cls == "no_cache_blocks":
+        return _no_cache_blocks(numbers, facts)
+    if cls == "gpu_memory_in_use":
+        return _gpu_in_use(numbers, facts)
+    if cls == "oom_weights_load":
+        summary, fixes = _oom_weights(numbers, facts)
+        if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
+            fixes = [Fix("fewer layers on the GPU; the rest run on the CPU", action="lower -ngl (--n-gpu-layers)"),
+                     Fix("a smaller quantization (e.g. Q4_K_M) shrinks the weights", action="use a smaller GGUF")]
+        return summary, fixes
+    if cls == "oom_profiling_or_graph":
+        if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
+            return hits.best.cause, [Fix("compute buffers scale with the micro-batch", "-ub", 256),
+                                     Fix("and the logical batch", "-b", 512)]
+        return _oom_profile(numbers, facts, why)
+    if cls == "oom_runtime":
+        return _oom_runtime(numbers, facts, why)
+    builders = {"tp_misconfig": _tp, "context_too_long": _ctx, "tokenizer_chat_template": _template,
+                "connection": _connection, "dtype_capability": _dtype, "quantization_mismatch": _quant,
+                "nccl": _nccl, "model_access": _access, "engine_bug": _bug}
+    if cls in builders:
+        return builders[cls](numbers, facts, hits)
+    return "Unrecognised failure.", []
+
+
+_SERVER_CLASSES = {"oom_weights_load", "kv_cache_too_small", "no_cache_blocks", "oom_profiling_or_graph",
+                   "oom_runtime", "gpu_memory_in_use", "tp_misconfig", "dtype_capability", "quantization_mismatch",
+                   "nccl", "model_access"}
+
+
+def _precedence(scored: list) -> list:
+    """Causes before consequences."""
+    strong = {f.cls: w for w, _, f, kind in scored if kind in ("error", "oom") and w >= 0.75}
+    out = []
+    for weight, line, finding, kind in scored:
+        cls = finding.cls
+        if cls == "connection" and strong.keys() & _SERVER_CLASSES:
+            weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
+        if cls == "engine_bug" and any(c != "engine_bug" and w >= 0.8 for c, w in strong.items()):
+            weight = min(weight, 0.6)  # a generic assertion next to a specific error: the specific one explains it
+        if kind == "hint" and any(c != cls for c in strong):
+            weight = min(weight, 0.35)
+        if cls in ("oom_runtime", "oom_profiling_or_graph", "oom_weights_load", "no_cache_blocks") and \
+                strong.get("gpu_memory_in_use", 0) >= 0.9:
+            weight -= 0.1   # memory held by another process explains the OOM
+        if cls == "nccl" and kind == "hint" and len(strong) == 0:
+            weight = max(weight, 0.3)
+        out.append((weight, line, finding, kind))
+    return out
+
+
+def _known_regressions(scored: list, facts: dict) -> None:
+    version = _version(facts)
+    if not version:
+        return
+    for first, fixed, cls, condition, text in vllm_signatures.KNOWN_REGRESSIONS:
+        if not first <= version < fixed:
+            continue
+        for weight, _, finding, _ in scored:
+            if finding.cls != cls:
+                continue
+            if condition == "pipeline_parallel_size>1" and not (facts.get("pipeline_parallel_size") or 1) > 1:
+                continue
+            finding.notes.append(text)
+            if condition:  # a real misbehaviour, not a cosmetic one: report it as the engine's bug too
+                scored.append((weight - 0.05, 0, Finding("engine_bug", weight - 0.05, text, list(finding.evidence), [
+                    Fix("the check was fixed upstream", action="upgrade vLLM to 0.17 or newer")]), "bug"))
+            break
+
+
+def diagnose(scanner: Scanner, facts: dict) -> Diagnosis:
+    findings = build_findings(scanner, facts)
+    facts["warnings"] = warning_signs(facts)
+    return Diagnosis(findings, facts, scanner.lines)

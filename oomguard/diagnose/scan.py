@@ -1,0 +1,316 @@
+"""One pass over a log: every line is looked at once, and only bounded state is kept.
+
+The scanner finds signature needles (one combined regex per line; a needle may wrap over two lines), collects
+a few following lines to read the numbers of a hit, follows traceback frames per process and the startup phase
+(so an out-of-memory error can be placed: loading weights, profiling, graph capture, serving), and reads the
+startup facts. Nothing grows with the input: evidence, events and frames are capped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from oomguard.diagnose import oom
+from oomguard.diagnose.signature import Signature
+from oomguard.engines.llamacpp import signatures as llamacpp_signatures
+from oomguard.engines.vllm import signatures as vllm_signatures
+from oomguard.engines.vllm import startup_log
+
+from oomguard.diagnose import common_signatures
+
+ALL_SIGNATURES: tuple[Signature, ...] = (vllm_signatures.SIGNATURES + llamacpp_signatures.SIGNATURES
+                                         + common_signatures.SIGNATURES)
+
+WINDOW = 4            # lines after a hit read for its numbers
+EVIDENCE_FIRST = 3    # evidence lines kept per class: the first few ...
+EVIDENCE_LAST = 5     # ... and the most recent
+EVIDENCE_CHARS = 400  # characters of one evidence line
+MAX_PENDING = 32
+MAX_OOM_EVENTS = 16
+MAX_PROCESSES = 64
+TAIL = 160            # characters of the previous line a needle may start in
+
+_PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
+                     r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]|\[[\w ,:.-]*\]|[\w.-]+\s+\|(?=\s))\s*")
+_PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)\)")
+_FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
+_WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
+
+
+def strip_prefix(text: str) -> str:
+    for _ in range(4):
+        match = _PREFIX.match(text)
+        if not match or not match.group(0):
+            break
+        text = text[match.end():]
+    return text
+
+
+@dataclass
+class Evidence:
+    first: list = field(default_factory=list)
+    last: deque = field(default_factory=lambda: deque(maxlen=EVIDENCE_LAST))
+    count: int = 0
+
+    def add(self, number: int, text: str, source: str) -> None:
+        self.count += 1
+        item = (source, number, text[:EVIDENCE_CHARS])
+        if any(i[:2] == item[:2] for i in self.first) or any(i[:2] == item[:2] for i in self.last):
+            return
+        if len(self.first) < EVIDENCE_FIRST:
+            self.first.append(item)
+        else:
+            self.last.append(item)
+
+    def lines(self) -> list[tuple[str, int, str]]:
+        return sorted(self.first + list(self.last), key=lambda i: (i[0], i[1]))
+
+
+@dataclass
+class ClassHits:
+    cls: str
+    weight: float = 0.0
+    kind: str = "error"
+    first_line: int = 0
+    best: Signature | None = None
+    signatures: dict = field(default_factory=dict)   # id -> Signature
+    numbers: dict = field(default_factory=dict)
+    evidence: Evidence = field(default_factory=Evidence)
+
+
+@dataclass
+class OomEvent:
+    source: str
+    line: int
+    text: str
+    phase: str
+    frames: tuple[str, ...]
+    numbers: dict = field(default_factory=dict)
+    signature: Signature | None = None
+
+
+@dataclass
+class _Pending:
+    signature: Signature | None
+    source: str
+    line: int
+    texts: list
+    remaining: int
+    oom: OomEvent | None = None
+
+
+class Matcher:
+    """Finds which needles occur in a (lower-cased) line: one regex for 'any?', then a scan of the needles."""
+
+    def __init__(self, needles: Iterable[str]):
+        self.needles = sorted(set(needles), key=len, reverse=True)
+        self.any = re.compile("|".join(_trie_regex(self.needles)))
+
+    def find(self, joined: str, boundary: int) -> list[str]:
+        """Needles that end after `boundary` (so they involve the current line)."""
+        if not self.any.search(joined, max(0, boundary - TAIL)):
+            return []
+        found = []
+        for needle in self.needles:
+            index = joined.find(needle, max(0, boundary - len(needle) + 1))
+            if index >= 0:
+                found.append(needle)
+        return found
+
+
+def _trie_regex(words: list[str]) -> list[str]:
+    trie: dict = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = True
+
+    def build(node: dict) -> str:
+        if set(node) == {""}:
+            return ""
+        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        optional = "" in node
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        if optional:
+            return "(?:" + body + ")?"
+        return body
+
+    return [build(trie)]
+
+
+class Scanner:
+    """Feed lines with `feed(number, text, source)`; read `classes`, `ooms`, `facts`, `phase` afterwards."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, list] = {}
+        for sig in ALL_SIGNATURES:
+            self._handlers.setdefault(sig.needle, []).append(("sig", sig))
+        for name, needle, regex in startup_log.FACTS:
+            self._handlers.setdefault(needle, []).append(("fact", (name, regex)))
+        for needle, phase in startup_log.PHASE_MARKERS:
+            self._handlers.setdefault(needle, []).append(("phase", phase))
+        for name, needle, regex in llamacpp_signatures.FACTS:
+            self._handlers.setdefault(needle, []).append(("fact", (name, regex)))
+        for needle, phase in llamacpp_signatures.PHASE_MARKERS:
+            self._handlers.setdefault(needle, []).append(("phase", phase))
+        self._handlers.setdefault('file "', []).append(("frame", None))
+        self._handlers.setdefault("traceback (most recent call last)", []).append(("traceback", None))
+        self._handlers.setdefault("while processing method", []).append(("frame", None))
+        self._matcher = Matcher(self._handlers)
+
+        self.lines = 0
+        self.classes: dict[str, ClassHits] = {}
+        self.ooms: deque[OomEvent] = deque(maxlen=MAX_OOM_EVENTS)
+        self.oom_count = 0
+        self.facts: dict = {}
+        self.fact_lines: dict[str, tuple[str, int]] = {}
+        self.phase = "start"
+        self.phase_seen: set[str] = set()
+        self.engines: set[str] = set()
+        self.error_lines: deque = deque(maxlen=6)
+        self._frames: dict[str, deque] = {}
+        self._pending: list[_Pending] = []
+        self._prev = ""
+
+    # -- the pass ------------------------------------------------------------------------------------------
+    def feed(self, number: int, text: str, source: str = "-") -> None:
+        self.lines += 1
+        if self._pending:
+            self._advance_pending(text)
+        lower = text.lower()
+        stripped = lower.strip()
+        joined = self._prev + " " + stripped
+        boundary = len(self._prev) + 1
+        self._prev = stripped[-TAIL:]
+        if ("rror" in lower or "xception" in lower or "failed" in lower or "traceback" in lower) and stripped:
+            self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
+        needles = self._matcher.find(joined, boundary)
+        if not needles:
+            return
+        process = self._process_key(text)
+        seen_oom = False
+        for needle in needles:
+            for kind, payload in self._handlers[needle]:
+                if kind == "sig":
+                    seen_oom = self._on_signature(payload, number, text, source, process, seen_oom)
+                elif kind == "fact":
+                    self._on_fact(payload, number, text, source)
+                elif kind == "phase":
+                    self._on_phase(payload)
+                elif kind == "frame":
+                    self._on_frame(text, process)
+                elif kind == "traceback":
+                    self._frames_for(process).clear()
+
+    def finish(self) -> None:
+        for pending in self._pending:
+            self._complete(pending)
+        self._pending.clear()
+
+    # -- handlers ------------------------------------------------------------------------------------------
+    def _on_signature(self, sig: Signature, number: int, text: str, source: str, process: str, seen_oom: bool) -> bool:
+        if sig.engine != "any":
+            self.engines.add(sig.engine)
+        if sig.kind == "oom":
+            if seen_oom:  # one event per line, however many OOM needles it holds
+                return True
+            self.oom_count += 1
+            event = OomEvent(source, number, text[:EVIDENCE_CHARS], self.phase,
+                             tuple(self._frames_for(process)) + tuple(self._frames_for("*")), signature=sig)
+            self.ooms.append(event)
+            self._queue(_Pending(sig, source, number, [strip_prefix(text)], WINDOW, oom=event))
+            return True
+        hits = self.classes.get(sig.cls)
+        if hits is None:
+            hits = self.classes[sig.cls] = ClassHits(sig.cls, first_line=number)
+        if sig.weight > hits.weight:
+            hits.weight, hits.best, hits.kind = sig.weight, sig, sig.kind
+        hits.signatures[sig.id] = sig
+        hits.evidence.add(number, text, source)
+        if sig.regex is not None:
+            self._queue(_Pending(sig, source, number, [self._prev_context(text), strip_prefix(text)], WINDOW))
+        return seen_oom
+
+    def _on_fact(self, payload, number: int, text: str, source: str) -> None:
+        name, regex = payload
+        match = regex.search(text)
+        if not match:
+            return
+        groups = {k: v for k, v in match.groupdict().items() if v is not None}
+        if not groups:
+            return
+        self.facts.setdefault("_raw", {})[name] = groups
+        self.fact_lines[name] = (source, number)
+        raw = self.facts["_raw"]
+        if name in ("engine_config", "non_default_args", "args_namespace"):
+            raw[name] = groups  # parsed later, once
+        if name == "vllm_version" or name == "engine_config":
+            self.engines.add("vllm")
+
+    def _on_phase(self, phase: str) -> None:
+        if phase == "start" and self.phase != "start":
+            self.phase_seen.add("restart")
+        order = startup_log.PHASES
+        if phase == "start" or order.index(phase) > order.index(self.phase):
+            self.phase = phase
+        self.phase_seen.add(phase)
+
+    def _on_frame(self, text: str, process: str) -> None:
+        match = _FRAME.search(text) or _WORKER_METHOD.search(text)
+        if match:
+            self._frames_for(process).append(match.group("func"))
+            if process != "*":
+                self._frames_for("*").append(match.group("func"))
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _process_key(self, text: str) -> str:
+        if text[:1] == "(" or text[:2] == " (":
+            match = _PROCESS.match(text)
+            if match:
+                return match.group("pid")
+        return "main"
+
+    def _frames_for(self, process: str) -> deque:
+        frames = self._frames.get(process)
+        if frames is None:
+            if len(self._frames) >= MAX_PROCESSES:
+                self._frames.pop(next(iter(self._frames)))
+            frames = self._frames[process] = deque(maxlen=48)
+        return frames
+
+    def _prev_context(self, text: str) -> str:
+        return ""  # the previous line is joined only by the needle search; numbers start at the hit line
+
+    def _queue(self, pending: _Pending) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self._complete(self._pending.pop(0))
+        self._pending.append(pending)
+
+    def _advance_pending(self, text: str) -> None:
+        keep = []
+        for pending in self._pending:
+            pending.texts.append(strip_prefix(text))
+            pending.remaining -= 1
+            if pending.remaining <= 0:
+                self._complete(pending)
+            else:
+                keep.append(pending)
+        self._pending = keep
+
+    def _complete(self, pending: _Pending) -> None:
+        window = " ".join(t.strip() for t in pending.texts if t and t.strip())
+        window = re.sub(r"\s+", " ", window)
+        if pending.oom is not None:
+            pending.oom.numbers = oom.parse(window)
+            return
+        sig = pending.signature
+        numbers = sig.numbers(window) if sig is not None else {}
+        if numbers:
+            hits = self.classes.get(sig.cls)
+            if hits is not None:
+                for key, value in numbers.items():
+                    hits.numbers.setdefault(key, value)

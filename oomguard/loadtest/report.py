@@ -1,0 +1,339 @@
+"""The load report: one dict (the --json contract), rendered as a table, a verdict line, or HTML.
+
+Presentation only: everything here reads the figures the runner recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from oomguard.loadtest.client import RequestResult, error_group
+from oomguard.loadtest.runner import LATENCY_WINDOW_S, Runner, StageState
+from oomguard.loadtest.shapes import format_duration
+from oomguard.loadtest.stats import summarize
+
+SCHEMA_VERSION = 1
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _latency(results: list[RequestResult]) -> dict[str, dict]:
+    ok = [r for r in results if r.ok]
+    return {
+        "ttft_s": _round_summary(summarize(r.ttft for r in ok if r.ttft is not None)),
+        "itl_s": _round_summary(summarize(x for r in ok if r.itls for x in r.itls)),
+        "tpot_s": _round_summary(summarize(t for r in ok if (t := r.tpot) is not None)),
+        "e2e_s": _round_summary(summarize(r.e2e for r in ok)),
+    }
+
+
+def _round_summary(s: dict) -> dict:
+    return {k: (v if k == "count" else _r(v, 5)) for k, v in s.items()}
+
+
+def _errors(results: list[RequestResult]) -> list[dict]:
+    groups: Counter = Counter()
+    example: dict = {}
+    for r in results:
+        if r.failed:
+            key = error_group(r.error_kind, r.status, r.error)
+            groups[key] += 1
+            example.setdefault(key, r)
+    out = []
+    for (label, _), n in groups.most_common():
+        r = example[(label, _)]
+        out.append({"kind": r.error_kind, "status": r.status or None, "label": label, "count": n,
+                    "message": r.error})
+    return out
+
+
+def meets_goodput(r: RequestResult, slo: dict[str, float]) -> bool:
+    if not r.ok:
+        return False
+    checks = {"ttft": r.ttft, "tpot": r.tpot, "e2e": r.e2e}
+    for name, limit in slo.items():
+        value = checks.get(name)
+        if value is not None and value > limit:
+            return False
+    return True
+
+
+def stage_dict(runner: Runner, st: StageState, slo: dict[str, float]) -> dict:
+    results = st.results
+    ok = [r for r in results if r.ok]
+    held_s = max(1e-9, st.t_end - st.t_start)
+    span = max(1e-9, st.t_drained - st.t_start)
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    pts = [p for p in runner.sampler.points if st.t_start - 1e-6 <= p.t <= st.t_drained + runner.sampler.interval]
+    kv = [p.kv_usage for p in pts if p.kv_usage is not None]
+    run = [p.running for p in pts if p.running is not None]
+    wait = [p.waiting for p in pts if p.waiting is not None]
+    gpu = [p for p in pts if p.gpu_used_bytes is not None]
+    preempt = None
+    pre = [p.preemptions_total for p in pts if p.preemptions_total is not None]
+    if pre:
+        base = st.preempt_base if st.preempt_base is not None else pre[0]
+        preempt = max(pre) - base
+        if preempt < 0:
+            preempt = max(pre)
+    lags = sorted(st.lags)
+    return {
+        "index": st.index,
+        "load": st.load.to_dict(),
+        "started_s": _r(st.t_start, 3),
+        "held_s": _r(held_s, 3),
+        "drained_s": _r(st.t_drained - st.t_end, 3),
+        "ended_because": st.ended_because,
+        "held": stage_held(st),
+        "stopped_by": [f.to_dict() for f in st.firings],
+        "server_down": st.server_down_reason,
+        "requests": {
+            "sent": st.sent, "ok": st.ok, "errors": st.errors, "cancelled": st.cancelled,
+            "not_sent_max_inflight": st.not_sent, "peak_in_flight": st.in_flight_peak,
+            "goodput": sum(1 for r in ok if meets_goodput(r, slo)),
+        },
+        "throughput": {
+            "requests_per_s": _r(len(ok) / span, 3),
+            "output_tokens_per_s": _r(out_tokens / span, 2),
+            "input_tokens_per_s": _r(in_tokens / span, 2),
+            "goodput_requests_per_s": _r(sum(1 for r in ok if meets_goodput(r, slo)) / span, 3),
+            "offered_requests_per_s": _r(st.sent / held_s, 3),
+        },
+        "tokens": {"output": out_tokens, "input": in_tokens,
+                   "mean_prompt": _r(in_tokens / len(ok), 1) if ok and in_tokens else None,
+                   "mean_output": _r(out_tokens / len(ok), 1) if ok else None},
+        "latency": _latency(results),
+        "dispatch_lag_s": ({"p50": _r(_pct(lags, 50), 6), "p99": _r(_pct(lags, 99), 6), "max": _r(lags[-1], 6)}
+                           if lags else None),
+        "errors": _errors(results),
+        "server": {
+            "engine": runner.sampler.engine,
+            "peak_kv_usage": _r(max(kv), 4) if kv else None,
+            "mean_kv_usage": _r(sum(kv) / len(kv), 4) if kv else None,
+            "max_running": max(run) if run else None,
+            "max_waiting": max(wait) if wait else None,
+            "preemptions": preempt,
+            "peak_gpu_used_bytes": max(p.gpu_used_bytes for p in gpu) if gpu else None,
+            "gpu_total_bytes": gpu[-1].gpu_total_bytes if gpu else None,
+        },
+    }
+
+
+def _pct(sorted_values: list[float], q: float) -> float | None:
+    from oomguard.loadtest.stats import percentile
+    return percentile(sorted_values, q)
+
+
+def stage_held(st: StageState) -> bool:
+    return st.ended_because in ("duration", "max_requests") and st.errors == 0 and not st.firings
+
+
+def timeseries(runner: Runner) -> dict[str, Any]:
+    """Everything over time, on the sampler's grid (0.5 s): server gauges, throughput, latency percentiles.
+
+    Latency percentiles at time t are over the requests that finished in (t - 10 s, t]."""
+    rec = runner.recorder
+    bin_s = rec.bin_s
+    end = max([st.t_drained for st in runner.stages] + [0.0])
+    n = max(1, math.ceil(end / bin_s))
+    t = [round((i + 1) * bin_s, 3) for i in range(n)]
+    done = [0] * n
+    errs = [0] * n
+    ttft_by_bin: list[list[float]] = [[] for _ in range(n)]
+    e2e_by_bin: list[list[float]] = [[] for _ in range(n)]
+    for r in rec.results:
+        if r.cancelled:
+            continue
+        i = min(n - 1, int(r.end / bin_s))
+        if r.ok:
+            done[i] += 1
+            if r.ttft is not None:
+                ttft_by_bin[i].append(r.ttft)
+            e2e_by_bin[i].append(r.e2e)
+        else:
+            errs[i] += 1
+    tokens = rec.token_bins(n)
+    w = max(1, int(LATENCY_WINDOW_S / bin_s))
+    series: dict[str, list] = {"t_s": t, "requests_per_s": [round(x / bin_s, 2) for x in done],
+                               "errors_per_s": [round(x / bin_s, 2) for x in errs],
+                               "output_tokens_per_s": [round(x / bin_s, 1) for x in tokens]}
+    for name, by_bin in (("ttft", ttft_by_bin), ("e2e", e2e_by_bin)):
+        p50, p90, p99 = [], [], []
+        for i in range(n):
+            window = sorted(x for b in by_bin[max(0, i - w + 1): i + 1] for x in b)
+            from oomguard.loadtest.stats import percentile
+            p50.append(_r(percentile(window, 50), 5))
+            p90.append(_r(percentile(window, 90), 5))
+            p99.append(_r(percentile(window, 99), 5))
+        series[f"{name}_p50_s"], series[f"{name}_p90_s"], series[f"{name}_p99_s"] = p50, p90, p99
+    pts = runner.sampler.points
+    series["server"] = {
+        "t_s": [round(p.t, 3) for p in pts],
+        "kv_usage": [_r(p.kv_usage, 4) for p in pts],
+        "running": [p.running for p in pts],
+        "waiting": [p.waiting for p in pts],
+        "preemptions_total": [p.preemptions_total for p in pts],
+        "gpu_used_bytes": [p.gpu_used_bytes for p in pts],
+    }
+    series["stages"] = [{"index": st.index, "label": st.load.label(), "start_s": _r(st.t_start, 3),
+                         "end_s": _r(st.t_end, 3)} for st in runner.stages]
+    return series
+
+
+def verdict(report: dict) -> str:
+    """One line in the seeds' terms: 'held 5 min at 20 req/s, peak KV 87%, 0 preemptions, 0 errors'."""
+    stages = report["stages"]
+    if not stages:
+        return "no load was sent"
+    cap = report.get("capacity")
+    prefix = "interrupted: " if report.get("interrupted") else ""
+    if cap is not None:
+        return prefix + _capacity_verdict(report, cap)
+    if len(stages) == 1:
+        return prefix + _stage_verdict(stages[0], report)
+    held = [s for s in stages if s["held"]]
+    broke = next((s for s in stages if not s["held"]), None)
+    if broke is None:
+        last = stages[-1]
+        return prefix + f"held every step up to {last['load']['label']} " \
+                        f"({format_duration(last['held_s'])} each), " + _evidence(last)
+    top = f"held up to {held[-1]['load']['label']} ({_evidence(held[-1])}); " if held else ""
+    return prefix + top + f"broke at {broke['load']['label']}: {_why(broke)} ({_evidence(broke)})"
+
+
+def _rate_note(stage: dict) -> str:
+    if stage["load"]["kind"] == "concurrency":
+        return f" ({stage['throughput']['requests_per_s']:g} req/s)"
+    return ""
+
+
+def _stage_verdict(s: dict, report: dict) -> str:
+    where = f"at {s['load']['label']}{_rate_note(s)}"
+    if s["held"]:
+        return f"held {format_duration(s['held_s'])} {where}, {_evidence(s)}"
+    return f"did not hold {where}: {_why(s)} after {format_duration(s['held_s'])} ({_evidence(s)})"
+
+
+def _why(s: dict) -> str:
+    if s["ended_because"] == "server_down":
+        return f"the server stopped answering ({s['server_down']})"
+    if s["stopped_by"]:
+        return ", ".join(f["text"] for f in s["stopped_by"])
+    if s["ended_because"] == "interrupted":
+        return "interrupted"
+    if s["requests"]["errors"]:
+        top = s["errors"][0]
+        return f"{s['requests']['errors']} errors (first: {top['label']} {top['message']})"
+    return s["ended_because"]
+
+
+def _evidence(s: dict) -> str:
+    srv = s["server"]
+    kv = f"peak KV {srv['peak_kv_usage'] * 100:.0f}%" if srv["peak_kv_usage"] is not None else \
+        "peak KV not reported"
+    pre = f"{srv['preemptions']:g} preemptions" if srv["preemptions"] is not None else "preemptions not reported"
+    return f"{kv}, {pre}, {s['requests']['errors']} errors"
+
+
+def _capacity_verdict(report: dict, cap: dict) -> str:
+    if cap["capacity"] is None:
+        first = report["stages"][0]
+        return f"no capacity found: even {first['load']['label']} broke: {_why(first)} ({_evidence(first)})"
+    best = next(s for s in report["stages"] if s["index"] == cap["capacity_stage"])
+    text = f"capacity {best['load']['label']}{_rate_note(best)}: held {format_duration(best['held_s'])}, " \
+           f"{_evidence(best)}"
+    if cap.get("broke_stage") is not None:
+        broke = next(s for s in report["stages"] if s["index"] == cap["broke_stage"])
+        text += f"; {broke['load']['label']} broke: {_why(broke)}"
+    elif cap.get("reached_maximum"):
+        text += " (the search maximum: try a higher MAX)"
+    return text
+
+
+def exit_code(report: dict) -> int:
+    """0: held (or capacity found); 1: broke; 130: interrupted."""
+    if report.get("interrupted"):
+        return 130
+    cap = report.get("capacity")
+    if cap is not None:
+        return 0 if cap["capacity"] is not None else 1
+    return 0 if report["stages"] and all(s["held"] for s in report["stages"][:1]) and \
+        all(s["held"] for s in report["stages"]) else 1
+
+
+# ---- text -------------------------------------------------------------------------------------------
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f}" if x >= 0.01 else f"{x * 1000:.1f}"
+
+
+def render_table(report: dict, console) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"oomguard loadtest {report['url']} ({report['model']})", title_justify="left")
+    for col in ("load", "time", "ok", "err", "req/s", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
+                "E2E p50/p99 ms", "peak KV", "run/wait max", "preempt", "result"):
+        t.add_column(col, justify="left" if col in ("load", "result") else "right")
+    for s in report["stages"]:
+        lat, srv, rq = s["latency"], s["server"], s["requests"]
+        result = "held" if s["held"] else (_why(s) if s["ended_because"] != "interrupted" else "interrupted")
+        t.add_row(
+            s["load"]["label"], format_duration(s["held_s"]), str(rq["ok"]), str(rq["errors"]),
+            f"{s['throughput']['requests_per_s']:g}", f"{s['throughput']['output_tokens_per_s']:.0f}",
+            f"{_ms(lat['ttft_s']['p50'])}/{_ms(lat['ttft_s']['p99'])}",
+            f"{_ms(lat['itl_s']['p50'])}/{_ms(lat['itl_s']['p99'])}",
+            f"{_ms(lat['e2e_s']['p50'])}/{_ms(lat['e2e_s']['p99'])}",
+            "-" if srv["peak_kv_usage"] is None else f"{srv['peak_kv_usage'] * 100:.0f}%",
+            f"{_g(srv['max_running'])}/{_g(srv['max_waiting'])}",
+            _g(srv["preemptions"]),
+            ("[green]" if s["held"] else "[red]") + result.replace("[", "\\["),
+        )
+    console.print(t)
+    errors = _merge_errors(report["stages"])
+    if errors:
+        et = Table(title="errors", title_justify="left")
+        for col in ("count", "kind", "message"):
+            et.add_column(col, justify="right" if col == "count" else "left")
+        for e in errors[:10]:
+            et.add_row(str(e["count"]), e["label"], (e["message"] or "").replace("[", "\\["))
+        console.print(et)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", markup=False)
+    console.print(("[bold green]" if report["exit_code"] == 0 else "[bold red]") + "verdict: "
+                  + report["verdict"].replace("[", "\\["))
+
+
+def _g(x) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def _merge_errors(stages: list[dict]) -> list[dict]:
+    merged: dict = {}
+    for s in stages:
+        for e in s["errors"]:
+            key = (e["label"], error_group(e["kind"], e["status"] or 0, e["message"])[1])
+            if key in merged:
+                merged[key]["count"] += e["count"]
+            else:
+                merged[key] = dict(e)
+    return sorted(merged.values(), key=lambda e: -e["count"])
+
+
+def summary_of(report: dict) -> dict:
+    """Totals over all stages (the JSON's "summary")."""
+    stages = report["stages"]
+    return {
+        "stages": len(stages),
+        "requests": {k: sum(s["requests"][k] for s in stages) for k in ("sent", "ok", "errors", "cancelled")},
+        "errors": _merge_errors(stages),
+        "peak_kv_usage": max((s["server"]["peak_kv_usage"] for s in stages
+                              if s["server"]["peak_kv_usage"] is not None), default=None),
+        "preemptions": sum(s["server"]["preemptions"] for s in stages if s["server"]["preemptions"] is not None)
+        if any(s["server"]["preemptions"] is not None for s in stages) else None,
+    }

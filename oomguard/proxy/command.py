@@ -1,0 +1,201 @@
+"""`oomguard proxy`: an OpenAI-compatible gateway that keeps an engine's KV cache out of trouble."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import AsyncIterator
+
+from oomguard.errors import UsageError
+
+DESCRIPTION = """\
+OpenAI-compatible gateway with KV-aware admission control.
+
+Stops sending requests to an engine when its KV cache usage reaches --high-watermark (0.90) and resumes
+below --low-watermark (0.80); queues the rest by priority (header x-priority: high|normal|low), answers
+429 with Retry-After when the queue is full or a request waited too long, 503 when no engine is reachable.
+Rejects prompts that cannot fit the engine's max_model_len before the engine sees them.
+
+examples:
+  oomguard proxy --upstream http://127.0.0.1:8000
+  oomguard proxy --upstream http://10.0.0.5:8000 --upstream http://10.0.0.6:8000 --api-key-file keys.txt
+  oomguard proxy --status http://127.0.0.1:8001
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream", action="append", default=[], metavar="URL",
+                   help="an OpenAI-compatible engine (vLLM, llama-server, SGLang, oomguard simulate); repeatable")
+    p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
+                   help="address to serve on (default 127.0.0.1:8001, loopback only)")
+    p.add_argument("--status", metavar="URL", help="print the live state of a running proxy as a table, then exit")
+    p.add_argument("--json", action="store_true", help="with --status: print JSON instead of a table")
+    g = p.add_argument_group("admission control")
+    g.add_argument("--high-watermark", type=float, default=0.90,
+                   help="pause an upstream when its KV usage reaches this (default 0.90)")
+    g.add_argument("--low-watermark", type=float, default=0.80,
+                   help="resume a paused upstream when its KV usage falls below this (default 0.80)")
+    g.add_argument("--max-in-flight", type=int, default=256, help="requests in flight per upstream (default 256)")
+    g.add_argument("--max-prompt-tokens-in-flight", type=int, default=None,
+                   help="prompt tokens in flight per upstream (default: no cap)")
+    g.add_argument("--max-queue", type=int, default=1024, help="queued requests, all priorities (default 1024)")
+    g.add_argument("--queue-timeout", type=float, default=30.0,
+                   help="seconds a request may wait in the queue before 429 (default 30)")
+    g.add_argument("--poll-interval", type=float, default=0.5,
+                   help="seconds between /metrics scrapes of each upstream (default 0.5); metrics older than "
+                        "three intervals count as saturated")
+    g.add_argument("--max-retry-after", type=int, default=60, help="largest Retry-After in seconds (default 60)")
+    g = p.add_argument_group("request checks")
+    g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default 8 MiB)")
+    g.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="lower max_tokens/max_completion_tokens above this to it (and set it when absent)")
+    g.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer.json (or its folder) for exact prompt counts; needs the `tokenizers` package")
+    g = p.add_argument_group("security")
+    g.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="a key clients must send as `Authorization: Bearer KEY`; repeatable")
+    g.add_argument("--api-key-file", metavar="PATH", help="client keys, one a line (# comments)")
+    g.add_argument("--upstream-api-key", metavar="KEY",
+                   help="key sent to the upstreams (default: $OOMGUARD_UPSTREAM_API_KEY); never a client's")
+    g.add_argument("--allow-remote", action="store_true",
+                   help="allow --listen on a non-loopback address without client API keys")
+    g = p.add_argument_group("logging")
+    g.add_argument("--no-access-log", action="store_true", help="no access log line per request")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.status:
+        from .status import print_status
+        return print_status(args.status, api_key=(args.api_key or [None])[0], as_json=args.json)
+    config, listen = config_from_args(args)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    from .tokens import load_counter
+    counter = load_counter(args.tokenizer)
+    _use_fast_loop()
+    asyncio.run(_serve_forever(config, counter, *listen))
+    return 0
+
+
+def config_from_args(args: argparse.Namespace):
+    from .admission import Limits
+    from .server import ProxyConfig
+    from .upstreams import parse_upstream
+
+    if not args.upstream:
+        raise UsageError("give at least one --upstream URL (e.g. --upstream http://127.0.0.1:8000)")
+    upstreams = [parse_upstream(u) for u in args.upstream]
+    if len({u.name for u in upstreams}) != len(upstreams):
+        raise UsageError("the same --upstream is given twice")
+    try:
+        limits = Limits(high_watermark=args.high_watermark, low_watermark=args.low_watermark,
+                        max_in_flight=args.max_in_flight, max_prompt_tokens_in_flight=args.max_prompt_tokens_in_flight,
+                        max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+                        poll_interval=args.poll_interval, max_retry_after=args.max_retry_after)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    keys = list(args.api_key)
+    if args.api_key_file:
+        keys.extend(read_key_file(args.api_key_file))
+    if any(not k for k in keys):
+        raise UsageError("an API key cannot be empty")
+    host, port = parse_listen(args.listen)
+    if not _is_loopback(host) and not keys and not args.allow_remote:
+        raise UsageError(f"--listen {args.listen} is reachable from other machines: give --api-key/--api-key-file, "
+                         "or --allow-remote to serve without keys")
+    if args.max_body_bytes < 1024:
+        raise UsageError("--max-body-bytes must be at least 1024")
+    config = ProxyConfig(upstreams=upstreams, limits=limits, api_keys=tuple(keys),
+                         upstream_api_key=args.upstream_api_key or os.environ.get("OOMGUARD_UPSTREAM_API_KEY"),
+                         max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
+                         access_log=not args.no_access_log)
+    return config, (host, port)
+
+
+def read_key_file(path: str) -> list[str]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"cannot read --api-key-file {path}: {exc.strerror}") from None
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", value
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise UsageError(f"--listen wants HOST:PORT (got {value!r})") from None
+    if not 0 <= port_n <= 65535:
+        raise UsageError(f"--listen port out of range: {port_n}")
+    return host, port_n
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _use_fast_loop() -> None:
+    """uvloop when installed (measured faster, see benchmarks/proxy_overhead.py); asyncio's loop otherwise."""
+    if os.environ.get("OOMGUARD_NO_UVLOOP"):
+        return
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator:
+    """Start a proxy in this event loop; yields (server, base_url). For tests and embedding."""
+    from aiohttp import web
+
+    from .server import ProxyServer
+
+    server = ProxyServer(config, counter)
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    bound = sock.getsockname()
+    h = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    try:
+        yield server, f"http://{h}:{bound[1]}"
+    finally:
+        await runner.cleanup()
+
+
+async def _serve_forever(config, counter, host: str, port: int) -> None:
+    log = logging.getLogger("oomguard.proxy")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    async with running_proxy(config, counter, host, port) as (server, url):
+        log.info("oomguard proxy on %s -> %s (watermarks %.2f/%.2f, queue %d, timeout %.0f s, %s)", url,
+                 ", ".join(u.base for u in config.upstreams), config.limits.high_watermark,
+                 config.limits.low_watermark, config.limits.max_queue, config.limits.queue_timeout,
+                 "client keys required" if config.api_keys else "no client keys")
+        await stop.wait()
+        log.info("shutting down")

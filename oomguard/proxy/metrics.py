@@ -1,0 +1,85 @@
+"""The proxy's own Prometheus metrics (its own registry, so nothing global leaks between instances)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .admission import AdmissionController, Priority, State
+
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _StateCollector(Collector):
+    """Read at scrape time from the controller: queue lengths and each upstream's state."""
+
+    def __init__(self, controller: AdmissionController) -> None:
+        self.controller = controller
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        c = self.controller
+        queue = GaugeMetricFamily("oomguard_proxy_queue_length", "Requests waiting in the proxy's queue",
+                                  labels=["priority"])
+        for p in Priority:
+            queue.add_metric([p.name.lower()], c.queue_length(p))
+        yield queue
+        now = c.clock()
+        state = GaugeMetricFamily("oomguard_proxy_upstream_state",
+                                  "1 for the upstream's current state (open, paused, down), else 0",
+                                  labels=["upstream", "state"])
+        kv = GaugeMetricFamily("oomguard_proxy_upstream_kv_usage",
+                               "Last KV cache usage (0..1) read from the upstream's /metrics", labels=["upstream"])
+        in_flight = GaugeMetricFamily("oomguard_proxy_upstream_in_flight",
+                                      "Requests the proxy has in flight to the upstream", labels=["upstream"])
+        age = GaugeMetricFamily("oomguard_proxy_upstream_metrics_age_seconds",
+                                "Seconds since the upstream's last good /metrics scrape", labels=["upstream"])
+        for up in c.upstreams.values():
+            current, _ = up.state(now, c.limits)
+            for s in State:
+                state.add_metric([up.name, s.value], 1.0 if s is current else 0.0)
+            if up.kv_usage is not None:
+                kv.add_metric([up.name], up.kv_usage)
+            in_flight.add_metric([up.name], up.in_flight)
+            if up.metrics_at is not None:
+                age.add_metric([up.name], max(0.0, now - up.metrics_at))
+        yield from (state, kv, in_flight, age)
+        drain = GaugeMetricFamily("oomguard_proxy_drain_rate", "Completed requests per second (drain window)")
+        drain.add_metric([], c.drain_rate())
+        yield drain
+
+
+class ProxyMetrics:
+    def __init__(self, controller: AdmissionController) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.admitted = Counter("oomguard_proxy_admitted", "Requests dispatched to an upstream",
+                                ["upstream", "priority"], registry=self.registry)
+        self.rejected = Counter("oomguard_proxy_rejected",
+                                "Requests answered by the proxy itself with an error, by reason",
+                                ["reason"], registry=self.registry)
+        self.queue_time = Histogram("oomguard_proxy_queue_time_seconds",
+                                    "Time from arrival to dispatch (admitted requests)", ["priority"],
+                                    buckets=QUEUE_BUCKETS, registry=self.registry)
+        self.upstream_errors = Counter("oomguard_proxy_upstream_errors",
+                                       "Upstream failures seen while forwarding, by kind", ["upstream", "kind"],
+                                       registry=self.registry)
+        self.registry.register(_StateCollector(controller))
+        # label children resolved once: the hot path then costs one increment
+        self._admitted_children: dict[tuple[str, int], object] = {}
+        self._queue_children = {p: self.queue_time.labels(p.name.lower()) for p in Priority}
+
+    def on_admit(self, upstream: str, priority: Priority, waited_s: float) -> None:
+        key = (upstream, int(priority))
+        child = self._admitted_children.get(key)
+        if child is None:
+            child = self._admitted_children[key] = self.admitted.labels(upstream, priority.name.lower())
+        child.inc()  # type: ignore[attr-defined]
+        self._queue_children[priority].observe(waited_s)
+
+    def on_reject(self, reason: str) -> None:
+        self.rejected.labels(reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

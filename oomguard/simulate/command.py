@@ -1,0 +1,127 @@
+"""`oomguard simulate`: a vLLM-compatible simulated server for what-if runs and scheduler tests."""
+
+from __future__ import annotations
+
+import argparse
+
+DESCRIPTION = """Serve vLLM's OpenAI API from a simulated engine: the KV cache has the block count the planner
+predicts for MODEL on GPU with these vLLM flags (or --num-gpu-blocks), requests are batched and preempted by
+vLLM's V1 scheduling rules, and every step takes the GPU's roofline time divided by --speed.
+/metrics uses vLLM's metric names for --vllm-version. It does not run a model: text is filler words.
+
+examples:
+  oomguard simulate meta-llama/Llama-3.1-8B-Instruct --gpu h100 --max-model-len 8192 --port 8000
+  oomguard simulate my-model --num-gpu-blocks 2000 --max-model-len 4096 --speed 100 --port 0
+  oomguard simulate my-model --num-gpu-blocks 300 --crash-on-kv-exhaustion --vllm-version 0.10.1
+"""
+
+
+def _add_vllm_flags(parser: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags from the shared table (dashed spellings only)."""
+    from oomguard.engines.vllm.flags import FLAGS, human_int
+
+    group = parser.add_argument_group("vLLM engine flags (vLLM's spellings)")
+    for flag in FLAGS:
+        if flag.type is None:
+            action = argparse.BooleanOptionalAction if flag.negatable else "store_true"
+            group.add_argument(*flag.options, dest=flag.dest, action=action, default=None, help=flag.help)
+        else:
+            group.add_argument(*flag.options, dest=flag.dest, type=flag.type, default=None,
+                               metavar="N" if flag.type in (int, human_int) else None, help=flag.help)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+
+    parser.add_argument("model", metavar="MODEL", help="model id (catalog or Hugging Face), or any name with "
+                        "--num-gpu-blocks")
+    parser.add_argument("--gpu", help="GPU name or alias (h100, a100-40gb, rtx4090, l4, ...)")
+    parser.add_argument("--gpu-count", type=int, metavar="N", help="GPUs (default: TP x PP)")
+    parser.add_argument("--model-config", metavar="PATH", help="a config.json or a model directory")
+    parser.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to imitate (default: newest modelled)")
+    parser.add_argument("--num-gpu-blocks", "--num-gpu-blocks-override", dest="num_gpu_blocks", type=int,
+                        metavar="N", help="KV blocks (overrides the planner; block 0 is reserved, as in vLLM)")
+    parser.add_argument("--enable-chunked-prefill", dest="enable_chunked_prefill",
+                        action=argparse.BooleanOptionalAction, default=True, help="chunk long prompts (V1 default on)")
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="run this many times faster than the GPU's roofline (e.g. 100 in tests)")
+    parser.add_argument("--crash-on-kv-exhaustion", action="store_true",
+                        help="instead of preempting when KV blocks run out, die like a CUDA OOM (exit 1)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0: any free port; the log says which)")
+    parser.add_argument("--served-model-name", help="the model name the API reports (default: MODEL)")
+    parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 endpoints")
+    _add_vllm_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import os
+    import signal
+    import socket
+    import sys
+
+    from aiohttp import web
+
+    from oomguard.engines.vllm import messages
+    from oomguard.engines.vllm.flags import flags_from_args
+    from oomguard.errors import UsageError
+    from oomguard.simulate import logs
+    from oomguard.simulate.plan import fits_one_request, plan_simulation
+    from oomguard.simulate.server import SimEngine, build_app, print_lines
+    from oomguard.units import cdiv
+
+    if args.speed <= 0:
+        raise UsageError("--speed must be positive")
+    if args.num_gpu_blocks is not None and args.num_gpu_blocks < 2:
+        raise UsageError("--num-gpu-blocks must be at least 2 (block 0 is the null block)")
+    flags = flags_from_args(args)
+    plan = plan_simulation(args.model, args.gpu, gpu_count=args.gpu_count, vllm_version=args.vllm_version,
+                           flags=flags, model_config=args.model_config, num_gpu_blocks=args.num_gpu_blocks,
+                           enable_chunked_prefill=args.enable_chunked_prefill)
+    if not plan.starts:
+        print(f"ValueError: {plan.error}", file=sys.stderr)
+        return 1
+    if not fits_one_request(plan):
+        per_block = plan.kv_bytes_per_token * plan.block_size
+        needed = cdiv(plan.max_model_len, plan.block_size) * per_block
+        usable = (plan.num_gpu_blocks - 1) * per_block
+        estimated = (plan.num_gpu_blocks - 1) * plan.block_size
+        print("ValueError: " + messages.kv_too_small(plan.vllm_version, plan.engine, plan.max_model_len, needed,
+                                                     usable, estimated, estimated), file=sys.stderr)
+        return 1
+
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror}") from None
+    port = sock.getsockname()[1]
+
+    def fatal(exc: BaseException) -> None:
+        needed = getattr(exc, "needed_blocks", 0)
+        free = getattr(exc, "free_blocks", 0)
+        rid = getattr(exc, "request_id", "?")
+        sys.stdout.flush()
+        print_lines(logs.oom_lines(plan, rid, needed, free), sys.stderr)
+        os._exit(1)
+
+    engine = SimEngine(plan, speed=args.speed, crash_on_kv_exhaustion=args.crash_on_kv_exhaustion,
+                       served_model_name=args.served_model_name, on_fatal=fatal)
+    app = build_app(engine, api_key=args.api_key)
+
+    async def serve() -> None:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        print_lines(logs.startup_lines(plan, args.host, port, args.speed))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        print("INFO:     Shutting down", flush=True)
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0

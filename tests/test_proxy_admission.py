@@ -1,0 +1,261 @@
+"""The pure admission core: hysteresis, priorities, queue bounds, timeouts, Retry-After, routing, fail-closed."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomguard.proxy.admission import AdmissionController, Limits, Priority, State, Ticket
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def make(names=("a",), **limits) -> tuple[AdmissionController, Clock]:
+    clock = Clock()
+    c = AdmissionController(names, Limits(**limits), clock=clock)
+    return c, clock
+
+
+def state(c: AdmissionController, name: str = "a") -> State:
+    return c.upstreams[name].state(c.clock(), c.limits)[0]
+
+
+def test_hysteresis_pauses_at_high_stays_paused_between_resumes_below_low() -> None:
+    c, _ = make()
+    c.observe("a", 0.50)
+    assert state(c) is State.OPEN
+    c.observe("a", 0.89)
+    assert state(c) is State.OPEN
+    c.observe("a", 0.90)
+    assert state(c) is State.PAUSED
+    c.observe("a", 0.85)
+    assert state(c) is State.PAUSED  # between the watermarks: the latch holds
+    c.observe("a", 0.80)
+    assert state(c) is State.PAUSED  # resume only strictly below the low watermark
+    c.observe("a", 0.79)
+    assert state(c) is State.OPEN
+    c.observe("a", 0.85)
+    assert state(c) is State.OPEN  # and stays open until the high watermark again
+
+
+def test_paused_upstream_queues_then_dispatches_on_resume() -> None:
+    c, _ = make()
+    c.observe("a", 0.95)
+    t = Ticket()
+    d = c.submit(t)
+    assert d.outcome == "queued" and t.upstream is None
+    assert c.observe("a", 0.85) == []
+    woken = c.observe("a", 0.79)
+    assert woken == [t] and t.upstream == "a"
+    assert c.upstreams["a"].in_flight == 1
+
+
+def test_priority_classes_strict_and_fifo_within_class() -> None:
+    c, _ = make()
+    c.observe("a", 0.95)
+    order = [Priority.LOW, Priority.NORMAL, Priority.HIGH, Priority.NORMAL, Priority.HIGH, Priority.LOW]
+    tickets = [Ticket(priority=p) for p in order]
+    for t in tickets:
+        assert c.submit(t).outcome == "queued"
+    assert c.queue_length(Priority.HIGH) == 2 and c.queue_length() == 6
+    woken = c.observe("a", 0.1)
+    expected = [tickets[2], tickets[4], tickets[1], tickets[3], tickets[0], tickets[5]]
+    assert woken == expected
+
+
+def test_in_flight_cap_queues_and_release_dispatches_next() -> None:
+    c, _ = make(max_in_flight=2)
+    c.observe("a", 0.1)
+    t1, t2, t3 = Ticket(), Ticket(), Ticket()
+    assert c.submit(t1).outcome == "admitted"
+    assert c.submit(t2).outcome == "admitted"
+    assert c.submit(t3).outcome == "queued"
+    assert c.release(t1) == [t3]
+    assert c.release(t1) == []  # a second release is a no-op
+    assert c.upstreams["a"].in_flight == 2
+
+
+def test_prompt_token_cap_but_a_lone_large_request_still_runs() -> None:
+    c, _ = make(max_prompt_tokens_in_flight=1000)
+    c.observe("a", 0.1)
+    big = Ticket(prompt_tokens=5000)
+    assert c.submit(big).outcome == "admitted"  # alone on the upstream: allowed
+    small = Ticket(prompt_tokens=10)
+    assert c.submit(small).outcome == "queued"
+    assert c.release(big) == [small]
+    t = Ticket(prompt_tokens=900)
+    assert c.submit(t).outcome == "admitted"  # 10 + 900 <= 1000
+    assert c.submit(Ticket(prompt_tokens=200)).outcome == "queued"
+
+
+def test_queue_full_gives_429_and_high_priority_evicts_newest_low() -> None:
+    c, _ = make(max_queue=2)
+    c.observe("a", 0.95)
+    low1, low2 = Ticket(priority=Priority.LOW), Ticket(priority=Priority.LOW)
+    c.submit(low1)
+    c.submit(low2)
+    d = c.submit(Ticket(priority=Priority.LOW))
+    assert d.outcome == "rejected" and d.rejection.status == 429 and d.rejection.reason == "queue_full"
+    assert d.rejection.retry_after >= 1
+    high = Ticket(priority=Priority.HIGH)
+    d = c.submit(high)
+    assert d.outcome == "queued"
+    assert [t for t, _ in d.evicted] == [low2]
+    assert d.evicted[0][1].status == 429 and d.evicted[0][1].reason == "evicted"
+    assert c.position(high) == 1 and c.position(low1) == 2 and c.position(low2) is None
+
+
+def test_queue_timeout_expires_with_retry_after() -> None:
+    c, clock = make(queue_timeout=10.0)
+    c.observe("a", 0.95)
+    t = Ticket()
+    c.submit(t)
+    clock.advance(5)
+    assert c.expire() == []
+    clock.advance(5.1)
+    out = c.expire()
+    assert [x for x, _ in out] == [t]
+    assert out[0][1].status == 429 and out[0][1].reason == "queue_timeout"
+    assert c.queue_length() == 0
+
+
+def test_retry_after_follows_observed_drain_rate() -> None:
+    c, clock = make(max_in_flight=100, drain_window=30.0, max_retry_after=60)
+    c.observe("a", 0.1)
+    tickets = [Ticket() for _ in range(10)]
+    for t in tickets:
+        c.submit(t)
+    for t in tickets:  # 10 completions over 5 seconds: 2 per second
+        clock.advance(0.5)
+        c.release(t)
+    c.observe("a", 0.1)
+    assert c.drain_rate() == pytest.approx(10 / 4.5)
+    assert c.retry_after(20) == 9  # ceil(20 / 2.22)
+    assert c.retry_after(10_000) == 60  # clamped
+    assert c.retry_after(0) == 1
+    clock.advance(60)  # the window forgets
+    assert c.drain_rate() == 0.0
+    assert c.retry_after(5) == int(c.limits.queue_timeout)
+
+
+def test_all_down_gives_503_immediately() -> None:
+    c, _ = make(("a", "b"))
+    d = c.submit(Ticket())
+    assert d.outcome == "rejected" and d.rejection.status == 503 and d.rejection.reason == "no_upstream"
+    assert d.rejection.retry_after == c.limits.down_retry_after
+    c.observe("a", 0.1)
+    assert c.submit(Ticket()).outcome == "admitted"
+
+
+def test_stale_metrics_fail_closed() -> None:
+    c, clock = make(poll_interval=0.5)
+    c.observe("a", 0.1)
+    clock.advance(1.4)
+    assert state(c) is State.OPEN
+    clock.advance(0.2)  # 1.6 s > 3 intervals
+    assert state(c) is State.PAUSED
+    assert c.upstreams["a"].state(c.clock(), c.limits)[1] == "metrics stale"
+    t = Ticket()
+    assert c.submit(t).outcome == "queued"
+    assert c.observe("a", 0.1) == [t]
+
+
+def test_routing_prefers_headroom_kv_then_waiting_then_in_flight() -> None:
+    c, _ = make(("a", "b", "c"), kv_step=0.05)
+    c.observe("a", 0.50, waiting=0)
+    c.observe("b", 0.20, waiting=5)
+    c.observe("c", 0.21, waiting=1)  # same 5% step as b, fewer waiting
+    t = Ticket()
+    c.submit(t)
+    assert t.upstream == "c"
+    c.observe("b", 0.22, waiting=1)  # now b and c tie on kv and waiting: fewer in flight wins
+    t2 = Ticket()
+    c.submit(t2)
+    assert t2.upstream == "b"
+    c.observe("a", 0.01)
+    t3 = Ticket()
+    c.submit(t3)
+    assert t3.upstream == "a"
+
+
+def test_paused_and_down_upstreams_are_skipped() -> None:
+    c, _ = make(("a", "b"))
+    c.observe("a", 0.95)
+    c.observe("b", 0.50)
+    t = Ticket()
+    c.submit(t)
+    assert t.upstream == "b"
+    c.mark_down("b", "connection refused")
+    t2 = Ticket()
+    assert c.submit(t2).outcome == "queued"  # a is paused (not down): wait, no 503
+
+
+def test_requeue_marks_down_and_keeps_front_place_and_deadline() -> None:
+    c, clock = make(("a",), max_in_flight=1)
+    c.observe("a", 0.1)
+    t1 = Ticket()
+    c.submit(t1)
+    t2 = Ticket()
+    c.submit(t2)
+    deadline = t1.deadline
+    assert c.requeue(t1, "connection reset") == []
+    assert state(c) is State.DOWN and c.upstreams["a"].in_flight == 0
+    assert c.position(t1) == 1 and c.position(t2) == 2 and t1.deadline == deadline
+    clock.advance(1)
+    assert c.observe("a", 0.1) == [t1]  # back up: the requeued one goes first
+
+
+def test_models_route_and_context_length() -> None:
+    c, _ = make(("a", "b"))
+    c.set_models("a", ["m1"], 4096)
+    c.set_models("b", ["m2"], 2048)
+    c.observe("a", 0.5)
+    c.observe("b", 0.1)
+    t = Ticket(model="m1")
+    c.submit(t)
+    assert t.upstream == "a"
+    t = Ticket(model="unknown")
+    c.submit(t)
+    assert t.upstream == "b"  # nobody lists it: the emptiest upstream answers (with its own 404)
+    assert c.max_model_len() == 2048
+
+
+def test_cancel_removes_queued_ticket_only() -> None:
+    c, _ = make()
+    c.observe("a", 0.95)
+    t = Ticket()
+    c.submit(t)
+    assert c.cancel(t) is True and c.cancel(t) is False
+    assert c.queue_length() == 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(low_watermark=0.9, high_watermark=0.8), dict(high_watermark=1.2),
+                                    dict(max_in_flight=0), dict(poll_interval=0)])
+def test_limits_validate(kwargs) -> None:
+    with pytest.raises(ValueError):
+        Limits(**kwargs)
+
+
+def test_priority_parse() -> None:
+    assert Priority.parse(None) is Priority.NORMAL
+    assert Priority.parse(" High ") is Priority.HIGH
+    assert Priority.parse("low") is Priority.LOW
+    with pytest.raises(ValueError):
+        Priority.parse("urgent")
+
+
+def test_snapshot_shape() -> None:
+    c, _ = make(("a",))
+    c.observe("a", 0.42, running=3, waiting=1)
+    snap = c.snapshot()
+    assert snap["upstreams"]["a"]["state"] == "open" and snap["upstreams"]["a"]["kv_usage"] == 0.42
+    assert snap["queue"] == {"high": 0, "normal": 0, "low": 0}
+    assert snap["limits"]["high_watermark"] == 0.90 and snap["limits"]["low_watermark"] == 0.80
