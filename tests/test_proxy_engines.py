@@ -158,3 +158,33 @@ def test_llama_server_down_gives_503_then_recovers(llama_server) -> None:
             async with s.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}) as r:
                 assert r.status == 200
     run(scenario())
+
+
+def test_simulator_kv_pressure_pauses_and_resumes(vllm_simulator) -> None:
+    # 64 usable blocks of 16 tokens; two requests of 440 prompt + 40 output tokens hold 56 -> 60 blocks
+    # (KV 0.875 -> 0.94): the proxy pauses at 0.90, queues a new request, and sends it once KV is below 0.80.
+    sim = vllm_simulator(num_gpu_blocks=65, max_model_len=512, speed=0.1)
+
+    async def scenario():
+        async with proxied(sim.url) as (server, url, s):
+            name = parse_upstream(sim.url).name
+            heavy = {"model": "sim-model", "prompt": "w " * 440, "max_tokens": 40}
+            direct = [asyncio.create_task(s.post(sim.url + "/v1/completions", json=heavy)) for _ in range(2)]
+            t0 = time.monotonic()
+            while server.controller.snapshot()["upstreams"][name]["state"] != "paused":
+                assert time.monotonic() - t0 < 30, server.controller.snapshot()
+                await asyncio.sleep(0.02)
+            assert server.controller.upstreams[name].kv_usage >= 0.90
+            light = asyncio.create_task(s.post(url + "/v1/completions",
+                                               json={"model": "sim-model", "prompt": "hi", "max_tokens": 5}))
+            await asyncio.sleep(0.1)
+            assert server.controller.queue_length() == 1 and not light.done()
+            done_direct = await asyncio.gather(*direct)
+            t_direct = time.monotonic()
+            assert [r.status for r in done_direct] == [200, 200]
+            r = await light
+            assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 5
+            assert time.monotonic() >= t_direct
+            sample = await engine_sample(s, sim.url)
+            assert sample.preemptions_total == 0
+    run(scenario())

@@ -16,21 +16,8 @@ examples:
 """
 
 
-def _add_vllm_flags(parser: argparse.ArgumentParser) -> None:
-    """vLLM's engine flags from the shared table (dashed spellings only)."""
-    from oomguard.engines.vllm.flags import FLAGS, human_int
-
-    group = parser.add_argument_group("vLLM engine flags (vLLM's spellings)")
-    for flag in FLAGS:
-        if flag.type is None:
-            action = argparse.BooleanOptionalAction if flag.negatable else "store_true"
-            group.add_argument(*flag.options, dest=flag.dest, action=action, default=None, help=flag.help)
-        else:
-            group.add_argument(*flag.options, dest=flag.dest, type=flag.type, default=None,
-                               metavar="N" if flag.type in (int, human_int) else None, help=flag.help)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from oomguard.engines.vllm.flags import add_flags
 
     parser.add_argument("model", metavar="MODEL", help="model id (catalog or Hugging Face), or any name with "
                         "--num-gpu-blocks")
@@ -50,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port (0: any free port; the log says which)")
     parser.add_argument("--served-model-name", help="the model name the API reports (default: MODEL)")
     parser.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 endpoints")
-    _add_vllm_flags(parser)
+    add_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from oomguard.errors import UsageError
     from oomguard.simulate import logs
     from oomguard.simulate.plan import fits_one_request, plan_simulation
+    from oomguard.simulate.scheduler import KvCacheExhausted
     from oomguard.simulate.server import SimEngine, build_app, print_lines
     from oomguard.units import cdiv
 
@@ -99,12 +87,14 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
 
     def fatal(exc: BaseException) -> None:
-        needed = getattr(exc, "needed_blocks", 0)
-        free = getattr(exc, "free_blocks", 0)
-        rid = getattr(exc, "request_id", "?")
         sys.stdout.flush()
-        print_lines(logs.oom_lines(plan, rid, needed, free), sys.stderr)
-        os._exit(1)
+        if isinstance(exc, KvCacheExhausted):
+            print_lines(logs.oom_lines(plan, exc.request_id, exc.needed_blocks, exc.free_blocks), sys.stderr)
+            os._exit(1)
+        import traceback
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(70)
 
     engine = SimEngine(plan, speed=args.speed, crash_on_kv_exhaustion=args.crash_on_kv_exhaustion,
                        served_model_name=args.served_model_name, on_fatal=fatal)

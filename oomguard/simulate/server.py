@@ -160,7 +160,7 @@ class SimEngine:
                 continue
             try:
                 output = self.scheduler.schedule()
-            except KvCacheExhausted as exc:
+            except Exception as exc:  # KvCacheExhausted in crash mode; anything else is a bug: fail loudly
                 self._die(exc)
                 return
             now = self.clock()

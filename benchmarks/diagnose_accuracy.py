@@ -1,0 +1,150 @@
+"""How well `oomguard diagnose` names the failure class of real vLLM failures, and whether its fixes agree with
+the numbers in the text.
+
+Reads ../shared/data/vllm_failures.jsonl (real error texts from public issues, each labelled with a class),
+diagnoses each record's `error_text` (the user's launch command, when the record has a parseable one, is passed
+as --command would pass it: it supplies settings, never the class), and prints top-1 class accuracy overall and
+per class, then the fix-consistency checks for records whose `numbers` allow one:
+  kv_cache_too_small  the recommended --max-model-len is no larger than what the KV cache holds
+  gpu_memory_in_use   the recommended --gpu-memory-utilization x total fits in the free memory shown
+  tp_misconfig        every recommended --tensor-parallel-size divides the head count
+  context_too_long    a recommended max_tokens fits in max_model_len - prompt tokens
+  dtype_capability    --dtype half is recommended below compute capability 8.0
+  oom_profiling_or_graph  a recommended --max-num-seqs is below the sampler's dummy request count
+Usage: python benchmarks/diagnose_accuracy.py [--data PATH] [--json] [--show-misses]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from oomguard.diagnose import diagnose_text  # noqa: E402
+
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_failures.jsonl"
+TARGET = 0.90
+
+
+def _command(record: dict) -> dict | None:
+    text = record.get("command_or_args") or ""
+    if "vllm serve" not in text and "api_server" not in text:
+        return None
+    from oomguard.engines.vllm.flags import parse_vllm_command
+    start = text.find("vllm serve") if "vllm serve" in text else text.find("python")
+    try:
+        parsed = parse_vllm_command(text[max(start, 0):].split(";")[0].split("\n")[0])
+    except Exception:
+        return None
+    if not parsed.model:
+        return None
+    return {"model": parsed.model, "flags": dict(parsed.flags)}
+
+
+def _values(fixes: list[dict], flag: str) -> list:
+    return [f["value"] for f in fixes if f.get("flag") == flag]
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def consistency(record: dict, finding: dict | None) -> list[tuple[str, bool, str]]:
+    """(check, passed, detail) for each check the record's numbers allow."""
+    n, cls = record.get("numbers") or {}, record["failure_class"]
+    fixes = finding["fixes"] if finding else []
+    out = []
+    if cls == "kv_cache_too_small" and n.get("kv_cache_tokens"):
+        values = _values(fixes, "--max-model-len")
+        limit = n["kv_cache_tokens"]
+        ok = bool(values) and all(v <= limit for v in values) and all(v < n.get("max_model_len", 1 << 62) for v in values)
+        out.append(("max_model_len <= KV tokens", ok, f"recommended {values}, KV holds {limit}"))
+    if cls == "gpu_memory_in_use" and n.get("free_gib") and n.get("total_gib"):
+        values = _values(fixes, "--gpu-memory-utilization")
+        ok = bool(values) and all(v * n["total_gib"] <= n["free_gib"] for v in values)
+        out.append(("utilization fits free memory", ok,
+                    f"recommended {values} x {n['total_gib']} GiB vs {n['free_gib']} GiB free"))
+    if cls == "tp_misconfig" and n.get("num_attention_heads"):
+        values = _values(fixes, "--tensor-parallel-size")
+        heads = _as_list(n["num_attention_heads"])
+        ok = bool(values) and all(h % v == 0 for v in values for h in heads[:1])
+        out.append(("TP divides heads", ok, f"recommended {values}, heads {heads}"))
+    if cls == "context_too_long" and n.get("max_model_len") and n.get("prompt_tokens") is not None:
+        values = _values(fixes, "max_tokens")
+        limit = n["max_model_len"] - n["prompt_tokens"]
+        ok = bool(values) and all(v <= limit for v in values)
+        out.append(("max_tokens fits", ok, f"recommended {values}, room {limit}"))
+    if cls == "dtype_capability" and n.get("compute_capability") and float(n["compute_capability"]) < 8.0:
+        ok = "half" in _values(fixes, "--dtype")
+        out.append(("--dtype half below cc 8.0", ok, f"fixes {[f.get('flag') for f in fixes]}"))
+    if cls == "oom_profiling_or_graph" and n.get("sampler_dummy_requests"):
+        values = _values(fixes, "--max-num-seqs")
+        ok = bool(values) and all(v < n["sampler_dummy_requests"] for v in values)
+        out.append(("max_num_seqs below dummy requests", ok, f"recommended {values}"))
+    return out
+
+
+def run(path: Path) -> dict:
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    per_class: dict[str, Counter] = defaultdict(Counter)
+    misses, checks = [], []
+    for record in records:
+        diagnosis = diagnose_text(record["error_text"], command=_command(record), use_planner=False)
+        data = diagnosis.to_dict()
+        top = data["findings"][0] if data["findings"] else None
+        predicted = top["class"] if top else "none"
+        gold = record["failure_class"]
+        per_class[gold]["total"] += 1
+        per_class[gold]["hit"] += predicted == gold
+        if predicted != gold:
+            misses.append({"id": record["id"], "gold": gold, "predicted": predicted,
+                           "others": [f["class"] for f in data["findings"][1:]]})
+        for name, ok, detail in consistency(record, top if predicted == gold else None):
+            checks.append({"id": record["id"], "check": name, "ok": ok, "detail": detail})
+    total = sum(c["total"] for c in per_class.values())
+    hits = sum(c["hit"] for c in per_class.values())
+    return {"records": total, "top1": hits / total if total else 0.0, "hits": hits,
+            "per_class": {k: {"hit": v["hit"], "total": v["total"]} for k, v in sorted(per_class.items())},
+            "misses": misses, "checks": checks}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="vllm_failures.jsonl")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--show-misses", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.data.is_file():
+        print(f"no data at {args.data} (pass --data PATH)", file=sys.stderr)
+        return 2
+    result = run(args.data)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"top-1 class accuracy: {result['hits']}/{result['records']} = {result['top1']:.1%} (target {TARGET:.0%})")
+    print(f"{'class':<26} {'top-1':>7}")
+    for cls, c in result["per_class"].items():
+        print(f"{cls:<26} {c['hit']:>3}/{c['total']:<3}")
+    by_check: dict[str, Counter] = defaultdict(Counter)
+    for c in result["checks"]:
+        by_check[c["check"]]["total"] += 1
+        by_check[c["check"]]["ok"] += c["ok"]
+    print("\nfix consistency (records with numbers):")
+    for name, c in by_check.items():
+        print(f"  {name:<36} {c['ok']}/{c['total']}")
+    if args.show_misses:
+        for m in result["misses"]:
+            print(f"miss {m['id']}: {m['gold']} -> {m['predicted']} (also {m['others']})")
+        for c in result["checks"]:
+            if not c["ok"]:
+                print(f"check failed {c['id']}: {c['check']}: {c['detail']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""The log pipeline: lines -> scan -> facts -> findings -> planner advice."""
+
+from __future__ import annotations
+
+from typing import BinaryIO, Iterable
+
+from oomguard.diagnose import facts as facts_mod
+from oomguard.diagnose import rules
+from oomguard.diagnose.model import Diagnosis
+from oomguard.diagnose.reader import iter_lines, iter_text_lines
+from oomguard.diagnose.scan import Scanner
+
+
+def diagnose_sources(sources: Iterable[tuple[str, BinaryIO]], command: dict | None = None,
+                     use_planner: bool = True) -> Diagnosis:
+    """Diagnose one or more binary streams (files, stdin), each named for the evidence lines."""
+    scanner = Scanner()
+    for name, stream in sources:
+        for number, line in iter_lines(stream):
+            scanner.feed(number, line, name)
+        scanner.finish()
+    return _conclude(scanner, command, use_planner)
+
+
+def diagnose_text(text: str, command: dict | None = None, use_planner: bool = True, name: str = "-") -> Diagnosis:
+    scanner = Scanner()
+    for number, line in iter_text_lines(text):
+        scanner.feed(number, line, name)
+    scanner.finish()
+    return _conclude(scanner, command, use_planner)
+
+
+def _conclude(scanner: Scanner, command: dict | None, use_planner: bool) -> Diagnosis:
+    facts = facts_mod.build(scanner.facts.get("_raw", {}), scanner.engines)
+    if command:
+        if command.get("model"):
+            facts.setdefault("model", command["model"])
+        for key, value in command.get("flags", {}).items():
+            facts.setdefault(key, value)
+        facts.setdefault("engine", "vllm")
+    diagnosis = rules.diagnose(scanner, facts)
+    if use_planner and diagnosis.findings:
+        from oomguard.diagnose.planner import advise
+        top = diagnosis.findings[0]
+        if top.cls not in ("connection", "unknown", "engine_bug", "model_access", "tokenizer_chat_template"):
+            advise(top, facts, command)
+    facts["lines_read"] = scanner.lines
+    return diagnosis
