@@ -1,6 +1,6 @@
 """vLLM's OpenAI-server errors for a request longer than max_model_len, per version, and the error body shapes.
 
-Texts from /work/shared/research/vllm-memory-model.md section 5 (vllm/entrypoints/openai/serving_engine.py,
+Texts from shared/research/vllm-memory-model.md section 5 (vllm/entrypoints/openai/serving_engine.py,
 entrypoints/openai/engine/serving.py, renderers/params.py). Body: <= 0.9.x
 `{"object": "error", "message", "type", "param", "code"}`; >= 0.10 `{"error": {"message", "type", "param", "code"}}`.
 
