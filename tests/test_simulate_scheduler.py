@@ -255,3 +255,27 @@ def test_error_body_shape_changed_in_0_10():
     assert error_body(parse_version("0.9.2"), "m")["object"] == "error"
     assert error_body(parse_version("0.10.0"), "m") == {
         "error": {"message": "m", "type": "BadRequestError", "param": None, "code": 400}}
+
+
+# ------------------------------------------------------------------ property: any workload completes exactly
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(blocks=st.integers(20, 200), block_size=st.sampled_from([1, 4, 16]), budget=st.integers(16, 512),
+       seqs=st.integers(1, 32), chunked=st.booleans(),
+       reqs=st.lists(st.tuples(st.integers(1, 120), st.integers(1, 60)), min_size=1, max_size=25))
+def test_any_workload_completes_with_exact_token_counts(blocks, block_size, budget, seqs, chunked, reqs):
+    max_model_len = 200
+    if blocks - 1 < -(-max_model_len // block_size):
+        blocks = -(-max_model_len // block_size) + 1  # the simulator refuses smaller caches at startup
+    s = Scheduler(SchedulerConfig(num_gpu_blocks=blocks, block_size=block_size, max_model_len=max_model_len,
+                                  max_num_seqs=seqs, max_num_batched_tokens=max(budget, max_model_len if not chunked
+                                                                                else budget),
+                                  enable_chunked_prefill=chunked))
+    wanted = {}
+    for i, (prompt, out) in enumerate(reqs):
+        s.add_request(SimRequest(f"r{i}", prompt_len=prompt, max_tokens=out))
+        wanted[f"r{i}"] = min(out, max_model_len - prompt)
+    assert run_to_completion(s) == wanted
+    assert s.num_free_blocks == blocks - 1

@@ -98,11 +98,12 @@ def oom_lines(plan: SimPlan, request_id: str, needed_blocks: int, free_blocks: i
     v = plan.vllm_version
     engine = f"(EngineCore_DP0 pid={os.getpid()}) " if v >= (0, 11, 0) else ""
     total = plan.total_memory_bytes / GiB
-    used = total * plan.gpu_memory_utilization + 0.6
-    tried = needed_blocks * plan.kv_cache_bytes / max(plan.num_gpu_blocks, 1) / (1 << 20)
+    free_mib = 3.06
+    used = total - free_mib / 1024
+    tried = max(needed_blocks, 1) * plan.kv_cache_bytes / max(plan.num_gpu_blocks, 1) / (1 << 20)
     msg = (f"CUDA out of memory. Tried to allocate {tried:.2f} MiB. GPU 0 has a total capacity of {total:.2f} GiB "
-           f"of which {max(total - used, 0.0) * 1024:.2f} MiB is free. Including non-PyTorch memory, this process "
-           f"has {used:.2f} GiB memory in use. Of the allocated memory {used - 0.8:.2f} GiB is allocated by PyTorch, "
+           f"of which {free_mib:.2f} MiB is free. Including non-PyTorch memory, this process "
+           f"has {used:.2f} GiB memory in use. Of the allocated memory {used - 1.2:.2f} GiB is allocated by PyTorch, "
            "and 412.00 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try "
            "setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
            "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")

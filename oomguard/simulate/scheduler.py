@@ -16,8 +16,8 @@ Mirrors vllm/v1/core/sched/scheduler.py (FCFS policy, no speculative decoding, n
   allocation succeeds or the request itself was preempted.
 - Only when nothing was preempted in this step, WAITING requests are admitted in order while
   `len(running) < max_num_seqs` and budget remains; a prompt longer than the budget is chunked (chunked
-  prefill on) or waits for a step with the whole budget (off); admission stops at the first request whose
-  blocks cannot be allocated (no preemption for waiting requests).
+  prefill on) or stops admission until a step has enough budget (off); admission also stops at the first
+  request whose blocks cannot be allocated (no preemption for waiting requests).
 - After the step, a request whose computed tokens caught up with its tokens samples one token; it finishes
   at max_tokens (finish_reason "length") or when it reaches max_model_len.
 - A preempted request is recomputed: when re-admitted its prompt and the tokens it had generated are
@@ -254,15 +254,13 @@ class Scheduler:
             index += 1
 
         if not preempted:
-            skipped: deque[SimRequest] = deque()
             while self.waiting and budget > 0:
                 if len(self.running) >= cfg.max_num_seqs:
                     break
                 request = self.waiting[0]
                 num_new = request.num_tokens - request.num_computed_tokens
                 if not cfg.enable_chunked_prefill and num_new > budget:
-                    skipped.appendleft(self.waiting.popleft())
-                    continue
+                    break  # waits for a step with enough budget (vLLM stops admitting here)
                 num_new = min(num_new, budget)
                 if not self._allocate(request, num_new):
                     break
@@ -274,7 +272,6 @@ class Scheduler:
                                                 prefill=True))
                 request.num_computed_tokens += num_new
                 budget -= num_new
-            self.waiting.extendleft(reversed(skipped))
 
         self.steps += 1
         return SchedulerOutput(self.steps, scheduled, preempted, admitted, budget)
