@@ -338,7 +338,8 @@ def start_litellm(upstream_port: int, tmp: Path, venv: Path) -> Target | str:
           drop_params: true
           set_verbose: false
         """))
-    env = dict(os.environ, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
+    key = "sk-oomguard-bench-" + os.urandom(8).hex()  # LiteLLM refuses to start without a master key
+    env = dict(os.environ, LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_TELEMETRY="False",
                LITELLM_LOG="ERROR", DISABLE_SCHEMA_UPDATE="True", NO_DOCS="True")
     proc = subprocess.Popen([str(exe), "--config", str(conf), "--host", "127.0.0.1", "--port", str(port),
                              "--num_workers", "1"], stdout=open(tmp / "litellm.log", "w"),
@@ -348,7 +349,7 @@ def start_litellm(upstream_port: int, tmp: Path, venv: Path) -> Target | str:
     except RuntimeError as exc:
         proc.kill()
         return f"LiteLLM did not start: {exc}"
-    return Target("litellm", port, proc, note="1 worker")
+    return Target("litellm", port, proc, headers={"Authorization": f"Bearer {key}"}, note="1 worker")
 
 
 def load(target: Target, concurrency: int, duration: float, warmup: float, stream: bool,

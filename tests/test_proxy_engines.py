@@ -112,10 +112,10 @@ def test_llama_server_killed_and_restarted_loses_no_queued_request(llama_server)
         async with proxied(engine.url, max_in_flight=1, queue_timeout=60) as (server, url, s):
             name = parse_upstream(engine.url).name
             tasks = [asyncio.create_task(s.post(url + "/v1/completions",
-                                                json={"prompt": f"req {i}", "max_tokens": 200}))
+                                                json={"prompt": f"req {i}", "max_tokens": 600}))
                      for i in range(6)]
             t0 = time.monotonic()
-            while server.controller.queue_length() < 5:
+            while server.controller.queue_length() < 5:  # one in flight (about 2 s of work), five queued
                 assert time.monotonic() - t0 < 10
                 await asyncio.sleep(0.01)
             engine.kill()
@@ -129,7 +129,7 @@ def test_llama_server_killed_and_restarted_loses_no_queued_request(llama_server)
             statuses = [r.status for r in results]
             bodies = [await r.json() for r in results]
             assert statuses == [200] * 6, bodies
-            assert all(b["usage"]["completion_tokens"] == 200 for b in bodies)
+            assert all(b["usage"]["completion_tokens"] == 600 for b in bodies)
             async with s.get(url + "/oomguard/status") as r:
                 status = await r.json()
             assert status["upstreams"][name]["state"] == "open"

@@ -68,7 +68,6 @@ class ProxyConfig:
     max_tokens_cap: int | None = None
     connect_timeout: float = 5.0
     read_timeout: float | None = 600.0
-    log_bodies: bool = False
     access_log: bool = True
 
 
