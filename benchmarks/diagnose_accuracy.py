@@ -77,7 +77,8 @@ def consistency(record: dict, finding: dict | None) -> list[tuple[str, bool, str
     if cls == "context_too_long" and n.get("max_model_len") and n.get("prompt_tokens") is not None:
         values = _values(fixes, "max_tokens")
         limit = n["max_model_len"] - n["prompt_tokens"]
-        ok = bool(values) and all(v <= limit for v in values)
+        # a prompt longer than the context leaves no max_tokens that fits: then none may be recommended
+        ok = (bool(values) and all(v <= limit for v in values)) if limit > 0 else not values
         out.append(("max_tokens fits", ok, f"recommended {values}, room {limit}"))
     if cls == "dtype_capability" and n.get("compute_capability") and float(n["compute_capability"]) < 8.0:
         ok = "half" in _values(fixes, "--dtype")

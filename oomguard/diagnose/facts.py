@@ -96,7 +96,7 @@ def build(raw: dict, engines: set[str]) -> dict:
     if "attention_fallback" in raw:
         facts["attention_fallback"] = raw["attention_fallback"]["v"].strip()
     for name in ("weights_gib", "available_kv_gib", "cuda_graph_gib", "cuda_graph_estimated_gib", "num_gpu_blocks",
-                 "max_num_batched_tokens"):
+                 "max_num_batched_tokens", "non_torch_gib", "activation_peak_gib"):
         value = _num(raw, name)
         if value is not None and not (name == "max_num_batched_tokens" and name in facts):
             facts[name] = value
@@ -142,6 +142,11 @@ def _llamacpp(raw: dict, facts: dict) -> None:
     for name, key in mapping.items():
         if name in raw:
             facts.setdefault(key, to_number(raw[name]["v"]))
+    if "llamacpp_model_path" in raw:
+        facts.setdefault("model", raw["llamacpp_model_path"]["v"])
+    if "llamacpp_slots" in raw:
+        facts["n_parallel"] = int(raw["llamacpp_slots"]["slots"])
+        facts["n_ctx_slot"] = int(raw["llamacpp_slots"]["ctx"])
     if "llamacpp_offloaded" in raw:
         facts["gpu_layers_offloaded"] = int(raw["llamacpp_offloaded"]["offloaded"])
         facts["model_layers"] = int(raw["llamacpp_offloaded"]["layers"])

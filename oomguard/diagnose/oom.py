@@ -21,7 +21,7 @@ _SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|[KMGT]i?B|B)\b"
 
 _PATTERNS = {
     "tried_gib": re.compile(r"Tried to allocate " + _SIZE, re.I),
-    "total_gib": re.compile(r"(?:has a total capacity of |;\s*)" + _SIZE + r"(?: total capacity)?(?= of which|;)", re.I),
+    "total_gib": re.compile(r"(?:has a total capac(?:i)?ty of |;\s*)" + _SIZE + r"(?: total capac(?:i)?ty)?(?= of which|;)", re.I),
     "free_gib": re.compile(r"(?:of which |;\s*)" + _SIZE + r" (?:is )?free", re.I),
     "self_gib": re.compile(r"this process has " + _SIZE + r" memory in use", re.I),
     "allocated_gib": re.compile(r"(?:Of the allocated memory |;\s*)" + _SIZE + r" (?:is )?(?:already )?allocated", re.I),
@@ -29,7 +29,7 @@ _PATTERNS = {
     "reserved_gib": re.compile(_SIZE + r" reserved in total by PyTorch", re.I),
     "tried_mib_ggml": re.compile(r"allocating (\d+(?:\.\d+)?) (MiB) on device", re.I),
 }
-_GPU = re.compile(r"GPU (\d+)(?: has a total capacity|;)", re.I)
+_GPU = re.compile(r"GPU (\d+)(?: has a total capac|;)", re.I)
 _OTHER = re.compile(r"Process (\d+) has " + _SIZE + r" memory in use", re.I)
 
 
@@ -51,6 +51,13 @@ def parse(text: str) -> dict:
     others = {}
     for pid, value, unit in _OTHER.findall(text):
         others[pid] = round(gib(value, unit), 4)
+    if others and "self_gib" not in out:
+        # In a container NVML reports host pids, so PyTorch lists the failing process itself as "Process N": the
+        # one that holds at least what PyTorch allocated (else the largest) is this process, not another.
+        allocated = out.get("allocated_gib", 0.0)
+        holders = [pid for pid, used in others.items() if used >= allocated] or list(others)
+        me = max(holders, key=lambda pid: others[pid]) if not allocated else min(holders, key=lambda p: others[p])
+        out["self_gib"] = others.pop(me)
     if others:
         out["other_processes_gib"] = others
         out["other_total_gib"] = round(sum(others.values()), 4)

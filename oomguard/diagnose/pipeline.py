@@ -39,10 +39,10 @@ def _conclude(scanner: Scanner, command: dict | None, use_planner: bool) -> Diag
             facts.setdefault(key, value)
         facts.setdefault("engine", "vllm")
     diagnosis = rules.diagnose(scanner, facts)
-    if use_planner and diagnosis.findings:
+    if diagnosis.findings:
         from oomguard.diagnose.planner import advise
         top = diagnosis.findings[0]
         if top.cls not in ("connection", "unknown", "engine_bug", "model_access", "tokenizer_chat_template"):
-            advise(top, facts, command)
+            advise(top, facts, command, use_planner=use_planner)
     facts["lines_read"] = scanner.lines
     return diagnosis

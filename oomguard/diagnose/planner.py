@@ -93,7 +93,7 @@ def _predict(model: str, facts: dict, flags: dict):
                    vllm_version=facts.get("vllm_version"), flags=flags, **gpu)
 
 
-def advise(finding: Finding, facts: dict, command: dict | None = None) -> None:
+def advise(finding: Finding, facts: dict, command: dict | None = None, use_planner: bool = True) -> None:
     """Rewrite the user's serve line with the finding's first applicable fix, checked with the planner when it can.
 
     Adds `finding.command` and notes; adds facts["planner"] (status) and facts["comparison"] (measured vs predicted).
@@ -107,13 +107,14 @@ def advise(finding: Finding, facts: dict, command: dict | None = None) -> None:
     env = {f.flag: f.value for f in finding.fixes if f.flag and not f.flag.startswith("-") and f.flag.isupper()}
 
     status, report_now, chosen = None, None, None
-    try:
-        report_now = _predict(model, facts, flags)
-        facts["planner"] = "ok"
-        _compare(report_now, facts)
-    except Exception as exc:  # the planner is optional here: say why and keep the text-derived fixes
-        status = f"planner unavailable for this model: {_reason(exc)}"
-        facts["planner"] = status
+    if use_planner:
+        try:
+            report_now = _predict(model, facts, flags)
+            facts["planner"] = "ok"
+            _compare(report_now, facts)
+        except Exception as exc:  # the planner is optional here: say why and keep the text-derived fixes
+            status = f"planner unavailable for this model: {_reason(exc)}"
+            facts["planner"] = status
 
     candidates = [(fix, dest) for fix, dest in fix_flags if dest]
     if report_now is not None and finding.cls in _MEMORY_CLASSES:
@@ -133,6 +134,14 @@ def advise(finding: Finding, facts: dict, command: dict | None = None) -> None:
             chosen = (fix, "max_model_len", None)
     if chosen is None and candidates:
         chosen = (candidates[0][0], candidates[0][1], None)
+        if report_now is not None and finding.cls in _MEMORY_CLASSES:
+            fix = candidates[0][0]
+            try:
+                trial = _predict(model, facts, dict(flags, **{candidates[0][1]: fix.value}))
+                why = trial.error or "it predicts a start"
+            except Exception as exc:
+                why = _reason(exc)
+            finding.notes.append(f"planner: {fix.render()} alone does not make vLLM start: {why}")
 
     if chosen is not None:
         fix, dest, report = chosen
@@ -140,7 +149,8 @@ def advise(finding: Finding, facts: dict, command: dict | None = None) -> None:
         first_env = {k: v for k, v in env.items() if finding.fixes and finding.fixes[0].flag == k}
         finding.command = serve_line(model, new_flags, facts, first_env)
         if report is not None:
-            finding.notes.append(f"planner: with {fix.render()} vLLM {facts.get('vllm_version', '')} starts; "
+            version = f" {facts['vllm_version']}" if facts.get("vllm_version") else ""
+            finding.notes.append(f"planner: with {fix.render()} vLLM{version} starts; "
                                  f"KV cache {report.kv_cache_tokens:,} tokens, max concurrency "
                                  f"{report.max_concurrency:.2f}x at {report.max_model_len:,} tokens")
     elif env and finding.fixes and finding.fixes[0].flag in env:

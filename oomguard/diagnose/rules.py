@@ -15,7 +15,7 @@ from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
 from oomguard.engines.vllm import signatures as vllm_signatures
-from oomguard.engines.vllm.startup_log import PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES
+from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES
 
 MAX_FINDINGS = 5
 MIN_SCORE = 0.3
@@ -24,6 +24,11 @@ SAFETY_GIB = 0.5            # kept free below another process's memory when sizi
 
 
 # -- numbers ---------------------------------------------------------------------------------------------------
+def size(gib: float) -> str:
+    """GiB as a person reads it: '1.24 GiB', '4 MiB'."""
+    return f"{gib:.2f} GiB" if gib >= 0.1 else f"{gib * 1024:.0f} MiB"
+
+
 def floor2(x: float) -> float:
     return math.floor(x * 100 + 1e-9) / 100
 
@@ -53,7 +58,7 @@ def default_utilization(facts: dict) -> float:
 
 def tp_candidates(divide: int, gpus: int | None, current: int | None = None) -> list[int]:
     """TP sizes that divide `divide` and fit the GPU count: powers of two first, largest first."""
-    limit = gpus or max(current or 1, 8)
+    limit = gpus or current or 8
     sizes = [d for d in range(1, min(divide, limit) + 1) if divide % d == 0]
     if current:
         sizes = [d for d in sizes if d != current] or sizes
@@ -64,18 +69,28 @@ def utilization_for(free_gib: float, total_gib: float) -> float | None:
     """The largest gpu_memory_utilization (2 decimals) whose budget fits in the free memory, with a margin."""
     if not total_gib or free_gib is None:
         return None
-    value = floor2((free_gib - SAFETY_GIB) / total_gib)
-    return value if value >= 0.05 else None
+    value = floor2((free_gib - min(SAFETY_GIB, 0.1 * free_gib)) / total_gib)
+    return value if value >= 0.01 else None
 
 
 # -- out-of-memory placement -----------------------------------------------------------------------------------
-def place_oom(event: OomEvent, facts: dict) -> tuple[str, float, str]:
-    """(class, confidence, why) for one out-of-memory error."""
+def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: frozenset = frozenset(),
+              restarted: bool = False) -> tuple[str, float, str]:
+    """(class, confidence, why) for one out-of-memory error: other processes first, then traceback frames, then the
+    startup phase the run stopped in (logs of several processes interleave, so the phase printed after the error
+    counts too), then the words around it, then the numbers."""
     n = event.numbers
     total = n.get("total_gib") or facts.get("total_gpu_memory_gib")
     other = n.get("other_total_gib", 0.0)
     if other and other >= 1.0 and (not total or other >= 0.04 * total):
         return "gpu_memory_in_use", 0.88, f"other processes hold {other:.2f} GiB of this GPU"
+    held_here = _num(n.get("self_gib"), (n.get("reserved_gib") or 0) + 0.5 if "reserved_gib" in n else None)
+    free = n.get("free_gib")
+    if total and held_here is not None and free is not None:
+        hidden = total - free - held_here
+        if hidden >= max(2.0, 0.1 * total):
+            return "gpu_memory_in_use", 0.8, f"about {hidden:.2f} GiB of this {total:.2f} GiB GPU is held outside " \
+                                             "this process"
     frames = set(event.frames)
     text = event.text.lower()
     if "warming up sampler" in text or "sampler" in frames:
@@ -85,27 +100,38 @@ def place_oom(event: OomEvent, facts: dict) -> tuple[str, float, str]:
         return "oom_profiling_or_graph", 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
         return "oom_weights_load", 0.88, "the traceback is in model loading"
-    if frames & RUNTIME_FRAMES and event.phase in ("ready", "serving", "start"):
-        return "oom_runtime", 0.85, "the traceback is in a serving step"
+    order = PHASES
     phase = event.phase
+    if not restarted and order.index(final_phase) > order.index(phase):
+        phase = final_phase
+    if frames & RUNTIME_FRAMES and phase in ("ready", "serving", "start"):
+        return "oom_runtime", 0.85, "the traceback is in a serving step"
     if phase == "loading":
         return "oom_weights_load", 0.8, "it happened while the weights were loading"
     if phase in ("weights_loaded", "profiled"):
-        return "oom_profiling_or_graph", 0.78, "it happened after the weights loaded, while vLLM profiled memory"
+        return "oom_profiling_or_graph", 0.8, "it happened after the weights loaded, while vLLM profiled memory"
     if phase == "capturing":
         return "oom_profiling_or_graph", 0.82, "it happened while vLLM captured CUDA graphs"
     if phase in ("ready", "serving"):
         return "oom_runtime", 0.82, "it happened after startup, while serving"
+    if str(facts.get("dtype", "")).lower() in ("float", "float32"):
+        return "oom_weights_load", 0.7, "the model runs in float32, which doubles the weights"
     if frames & RUNTIME_FRAMES:
         return "oom_runtime", 0.75, "the traceback is in a model step"
+    if "capturing" in hints:
+        return "oom_profiling_or_graph", 0.7, "the text speaks of CUDA graph capture"
+    if "startup" in hints and "serving" not in hints:
+        return "oom_profiling_or_graph", 0.7, "the text places it at startup, after loading"
+    if "loading" in hints and "serving" not in hints:
+        return "oom_weights_load", 0.7, "the text places it while loading the model"
+    if "serving" in hints:
+        return "oom_runtime", 0.7, "the text places it while serving requests"
+    if frames & {"forward", "__call__"}:
+        return "oom_profiling_or_graph", 0.6, "the traceback is in a model forward pass outside any serving step " \
+                                             "(the startup profile run)"
     self_gib = n.get("self_gib")
     if total and self_gib and self_gib >= 0.8 * total:
-        return "oom_runtime", 0.6, "the process already held most of the GPU (vLLM had allocated its KV cache)"
-    free, tried = n.get("free_gib"), n.get("tried_gib")
-    if total and self_gib is not None and free is not None:
-        hidden = total - free - self_gib
-        if hidden >= max(2.0, 0.1 * total):
-            return "gpu_memory_in_use", 0.7, f"about {hidden:.2f} GiB of this GPU is held outside this process"
+        return "oom_runtime", 0.55, "the process already held most of the GPU"
     return "oom_runtime", 0.5, "the log does not show where it happened"
 
 
@@ -122,7 +148,8 @@ def _kv_too_small(n: dict, facts: dict) -> tuple[str, list[Fix]]:
         fixes.append(Fix(f"the KV cache stores {kv_tokens:,} tokens; one request of max_model_len must fit in it",
                          "--max-model-len", int(kv_tokens)))
     elif max_len and needed and avail and avail > 0:
-        value = int(max_len * avail / needed) // 16 * 16
+        # the GiB figures are printed rounded to 0.01: take the pessimistic end of each
+        value = int(max_len * (avail - 0.005) / (needed + 0.005)) // 16 * 16
         if value > 0:
             fixes.append(Fix(f"{avail} of the {needed} GiB one request needs is available: scaled down from "
                              f"{max_len:,} (vLLM did not print its estimate)", "--max-model-len", value))
@@ -197,6 +224,8 @@ def _gpu_in_use(n: dict, facts: dict) -> tuple[str, list[Fix]]:
     fixes.append(Fix("an old vLLM or notebook process often still holds the GPU",
                      action="stop leftover processes (a previous vLLM, a Jupyter kernel) or pick a free GPU with "
                             "CUDA_VISIBLE_DEVICES"))
+    if util is not None and util < 0.25 and len(fixes) > 1:
+        fixes.insert(0, fixes.pop(1))  # so little is free that freeing the GPU comes before shrinking vLLM
     if free is not None and total:
         summary = f"Another process holds {total - free:.2f} of {total:.2f} GiB on this GPU"
         if requested:
@@ -237,7 +266,7 @@ def _oom_weights(n: dict, facts: dict) -> tuple[str, list[Fix]]:
     summary = "The model's weights do not fit in GPU memory"
     if total:
         summary += f" ({total:.2f} GiB GPU"
-        summary += f", {free:.2f} GiB free when {tried:.2f} GiB more was needed)" if free is not None and tried else ")"
+        summary += f", {size(free)} free when {size(tried)} more was needed)" if free is not None and tried else ")"
     return summary + ".", fixes
 
 
@@ -282,8 +311,9 @@ def _oom_profile(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
 
 
 def _fragmented(n: dict) -> bool:
+    """PyTorch holds enough cached-but-unused memory that, with what is free, the failed request would have fit."""
     unalloc = n.get("reserved_unallocated_gib")
-    return bool(unalloc and unalloc >= max(0.5, n.get("tried_gib") or 0.0))
+    return bool(unalloc and unalloc >= 0.5 and unalloc + (n.get("free_gib") or 0.0) >= (n.get("tried_gib") or 0.0))
 
 
 def _oom_runtime(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
@@ -297,7 +327,7 @@ def _oom_runtime(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
     if total and tried:
         lower = floor2(util - (tried - free) / total - 0.02)
         if 0.3 <= lower < util:
-            fixes.append(Fix(f"leaves the {tried:.2f} GiB the failed allocation needed outside vLLM's budget",
+            fixes.append(Fix(f"leaves the {size(tried)} the failed allocation needed outside vLLM's budget",
                              "--gpu-memory-utilization", lower))
     else:
         fixes.append(Fix("leaves headroom outside vLLM's budget for runtime allocations", "--gpu-memory-utilization",
@@ -313,25 +343,31 @@ def _oom_runtime(n: dict, facts: dict, why: str = "") -> tuple[str, list[Fix]]:
                          "expandable_segments:True"))
     summary = "The server ran out of GPU memory while serving"
     if tried and total:
-        summary += f" (it needed {tried:.2f} GiB more on a {total:.2f} GiB GPU)"
+        summary += f" (it needed {size(tried)} more on a {total:.2f} GiB GPU)"
     return summary + (f"; {why}" if why and "serving" not in why else "") + ".", fixes
 
 
 def _tp(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
     heads = _num(n.get("num_attention_heads"), n.get("numerator"))
     tp = _num(n.get("tensor_parallel_size"), n.get("denominator"), facts.get("tensor_parallel_size"))
+    seen = {int(x["num_attention_heads"]) for x in (hits.all_numbers if hits else ())
+            if isinstance(x.get("num_attention_heads"), int)}
+    if len(seen) > 1:  # several attempts (or models) in one log: a size that divides every one of them
+        heads = math.gcd(*seen)
     gpus = _num(facts.get("gpu_count"))
     fixes: list[Fix] = []
     ids = set(hits.signatures) if hits else set()
     if heads:
+        shown = "/".join(map(str, sorted(seen))) if len(seen) > 1 else str(int(heads))
         sizes = tp_candidates(int(heads), int(gpus) if gpus else None, int(tp) if tp else None)
         if sizes:
             others = ", ".join(map(str, sizes[1:5]))
-            fixes.append(Fix(f"divides the {int(heads)} heads" + (f" and fits the {int(gpus)} GPUs" if gpus else "")
+            fixes.append(Fix(f"divides the {shown} heads" + (f" and fits the {int(gpus)} GPUs" if gpus else "")
                              + (f" (also valid: {others})" if others else ""), "--tensor-parallel-size", sizes[0]))
         fixes.append(Fix("or keep the layout and split layers instead of heads",
                          action="use --pipeline-parallel-size for the GPUs that TP cannot use"))
-        summary = f"tensor_parallel_size {int(tp) if tp else '?'} does not divide the model's {int(heads)} " \
+        shown = "/".join(map(str, sorted(seen))) if len(seen) > 1 else str(int(heads))
+        summary = f"tensor_parallel_size {int(tp) if tp else '?'} does not divide the model's {shown} " \
                   "attention heads" if "numerator" not in n else \
                   f"A model dimension ({int(heads)}) is not divisible by tensor_parallel_size {int(tp) if tp else '?'}"
         return summary + ".", fixes
@@ -353,7 +389,7 @@ def _tp(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
 def _ctx(n: dict, facts: dict, hits: ClassHits | None) -> tuple[str, list[Fix]]:
     max_len = _num(n.get("max_model_len"), facts.get("max_model_len"), facts.get("n_ctx"))
     prompt = _num(n.get("prompt_tokens"), n.get("prompt_tokens_b"), n.get("prompt_tokens_c"), n.get("prompt_tokens_d"))
-    completion = _num(n.get("completion_tokens"), n.get("completion_tokens_b"))
+    completion = _num(n.get("completion_tokens"), n.get("completion_tokens_b"), n.get("completion_tokens_c"))
     requested = _num(n.get("requested_tokens"))
     if requested and prompt is None and completion is None:
         prompt = None
@@ -573,14 +609,18 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     oom_class, oom_conf, oom_why, oom_numbers, oom_evidence = None, 0.0, "", {}, []
     if scanner.ooms:
         first = scanner.ooms[0]
-        oom_class, oom_conf, oom_why = place_oom(first, facts)
+        oom_class, oom_conf, oom_why = place_oom(first, facts, scanner.phase, frozenset(scanner.phase_hints),
+                                                 "restart" in scanner.phase_seen)
         for event in scanner.ooms:
             for key, value in event.numbers.items():
                 oom_numbers.setdefault(key, value)
             if len(oom_evidence) < 4:
                 oom_evidence.append((event.source, event.line, event.text))
 
-    handled = set()
+    hang = classes.get("nccl")
+    world = (facts.get("tensor_parallel_size") or 1) * (facts.get("pipeline_parallel_size") or 1)
+    if hang is not None and set(hang.signatures) == {"generic.hang"} and world <= 1:
+        del classes["nccl"]  # a hang on one GPU is not a communication problem
     for cls in list(classes) + ([oom_class] if oom_class and oom_class not in classes else []):
         hits = classes.get(cls)
         weight = hits.weight if hits else 0.0
@@ -601,8 +641,9 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
         lines = ([hits.first_line] if hits else []) + [e[1] for e in extra]
         first_line = min(lines) if lines else 0
         scored.append((weight, first_line, finding, kind))
-        handled.add(cls)
 
+    if not scanner.error_lines:  # keyword hints alone, in a log without a single error line, are not findings
+        scored = [s for s in scored if s[3] != "hint"]
     scored = _precedence(scored)
     _known_regressions(scored, facts)
     scored.sort(key=lambda s: (-s[0], s[1]))
@@ -666,8 +707,9 @@ def _precedence(scored: list) -> list:
             weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
         if cls == "engine_bug" and any(c != "engine_bug" and w >= 0.8 for c, w in strong.items()):
             weight = min(weight, 0.6)  # a generic assertion next to a specific error: the specific one explains it
-        if kind == "hint" and any(c != cls for c in strong):
-            weight = min(weight, 0.35)
+        if kind == "hint":
+            # a keyword alone only speaks when nothing firmer was found
+            weight = min(weight, 0.25 if any(c != cls for c in strong) else 0.45)
         if cls in ("oom_runtime", "oom_profiling_or_graph", "oom_weights_load", "no_cache_blocks") and \
                 strong.get("gpu_memory_in_use", 0) >= 0.9:
             weight -= 0.1   # memory held by another process explains the OOM

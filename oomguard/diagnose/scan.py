@@ -33,9 +33,9 @@ MAX_OOM_EVENTS = 16
 MAX_PROCESSES = 64
 TAIL = 160            # characters of the previous line a needle may start in
 
-_PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
+_PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+(?:, ip=[\w.:-]+)?\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
                      r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]|\[[\w ,:.-]*\]|[\w.-]+\s+\|(?=\s))\s*")
-_PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)\)")
+_PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)(?:, ip=[\w.:-]+)?\)")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 
@@ -78,6 +78,7 @@ class ClassHits:
     best: Signature | None = None
     signatures: dict = field(default_factory=dict)   # id -> Signature
     numbers: dict = field(default_factory=dict)
+    all_numbers: deque = field(default_factory=lambda: deque(maxlen=8))  # each hit's numbers, latest last
     evidence: Evidence = field(default_factory=Evidence)
 
 
@@ -108,16 +109,22 @@ class Matcher:
     def __init__(self, needles: Iterable[str]):
         self.needles = sorted(set(needles), key=len, reverse=True)
         self.any = re.compile("|".join(_trie_regex(self.needles)))
+        # the regex reports the longest needle at a position; the shorter needles it starts with match there too
+        self._prefixes = {n: [p for p in self.needles if n.startswith(p)] for n in self.needles}
 
     def find(self, joined: str, boundary: int) -> list[str]:
-        """Needles that end after `boundary` (so they involve the current line)."""
-        if not self.any.search(joined, max(0, boundary - TAIL)):
+        """Needles that end after `boundary` (so they involve the current line), overlapping ones included."""
+        search = self.any.search
+        match = search(joined, max(0, boundary - TAIL))
+        if match is None:
             return []
-        found = []
-        for needle in self.needles:
-            index = joined.find(needle, max(0, boundary - len(needle) + 1))
-            if index >= 0:
-                found.append(needle)
+        found: list[str] = []
+        while match is not None:
+            start = match.start()
+            for needle in self._prefixes[match.group(0)]:
+                if start + len(needle) > boundary and needle not in found:
+                    found.append(needle)
+            match = search(joined, start + 1)
         return found
 
 
@@ -157,6 +164,8 @@ class Scanner:
             self._handlers.setdefault(needle, []).append(("fact", (name, regex)))
         for needle, phase in llamacpp_signatures.PHASE_MARKERS:
             self._handlers.setdefault(needle, []).append(("phase", phase))
+        for needle, phase in startup_log.PHASE_HINTS:
+            self._handlers.setdefault(needle, []).append(("phase_hint", phase))
         self._handlers.setdefault('file "', []).append(("frame", None))
         self._handlers.setdefault("traceback (most recent call last)", []).append(("traceback", None))
         self._handlers.setdefault("while processing method", []).append(("frame", None))
@@ -175,6 +184,8 @@ class Scanner:
         self._frames: dict[str, deque] = {}
         self._pending: list[_Pending] = []
         self._prev = ""
+        self._prev_raw = ""
+        self.phase_hints: set[str] = set()
 
     # -- the pass ------------------------------------------------------------------------------------------
     def feed(self, number: int, text: str, source: str = "-") -> None:
@@ -186,25 +197,30 @@ class Scanner:
         joined = self._prev + " " + stripped
         boundary = len(self._prev) + 1
         self._prev = stripped[-TAIL:]
-        if ("rror" in lower or "xception" in lower or "failed" in lower or "traceback" in lower) and stripped:
+        if ("rror" in lower or "xception" in lower or "failed" in lower or "traceback" in lower or "hang" in lower
+                or "stuck" in lower) and stripped:
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
         needles = self._matcher.find(joined, boundary)
         if not needles:
+            self._prev_raw = text
             return
         process = self._process_key(text)
         seen_oom = False
         for needle in needles:
             for kind, payload in self._handlers[needle]:
                 if kind == "sig":
-                    seen_oom = self._on_signature(payload, number, text, source, process, seen_oom)
+                    seen_oom = self._on_signature(payload, number, text, source, process, seen_oom, joined)
                 elif kind == "fact":
                     self._on_fact(payload, number, text, source)
                 elif kind == "phase":
                     self._on_phase(payload)
                 elif kind == "frame":
                     self._on_frame(text, process)
+                elif kind == "phase_hint":
+                    self.phase_hints.add(payload)
                 elif kind == "traceback":
                     self._frames_for(process).clear()
+        self._prev_raw = text
 
     def finish(self) -> None:
         for pending in self._pending:
@@ -212,9 +228,22 @@ class Scanner:
         self._pending.clear()
 
     # -- handlers ------------------------------------------------------------------------------------------
-    def _on_signature(self, sig: Signature, number: int, text: str, source: str, process: str, seen_oom: bool) -> bool:
+    def _on_signature(self, sig: Signature, number: int, text: str, source: str, process: str, seen_oom: bool,
+                      joined: str = "") -> bool:
         if sig.engine != "any":
             self.engines.add(sig.engine)
+        if sig.require:  # a common needle: counts only if its pattern matches this line (with the previous tail)
+            if sig.regex is None or not sig.regex.search(joined):
+                return seen_oom
+            if sig.kind != "oom":
+                self._register(sig, number, text, source)
+                numbers = sig.numbers(joined)
+                if numbers:
+                    hits = self.classes[sig.cls]
+                    hits.all_numbers.append(numbers)
+                    for key, value in numbers.items():
+                        hits.numbers.setdefault(key, value)
+                return seen_oom
         if sig.kind == "oom":
             if seen_oom:  # one event per line, however many OOM needles it holds
                 return True
@@ -224,6 +253,14 @@ class Scanner:
             self.ooms.append(event)
             self._queue(_Pending(sig, source, number, [strip_prefix(text)], WINDOW, oom=event))
             return True
+        self._register(sig, number, text, source)
+        if sig.regex is not None:
+            # a needle that started on the previous line: its numbers may be there too
+            before = strip_prefix(self._prev_raw) if sig.needle not in text.lower() else ""
+            self._queue(_Pending(sig, source, number, [before, strip_prefix(text)], WINDOW))
+        return seen_oom
+
+    def _register(self, sig: Signature, number: int, text: str, source: str) -> None:
         hits = self.classes.get(sig.cls)
         if hits is None:
             hits = self.classes[sig.cls] = ClassHits(sig.cls, first_line=number)
@@ -231,9 +268,6 @@ class Scanner:
             hits.weight, hits.best, hits.kind = sig.weight, sig, sig.kind
         hits.signatures[sig.id] = sig
         hits.evidence.add(number, text, source)
-        if sig.regex is not None:
-            self._queue(_Pending(sig, source, number, [self._prev_context(text), strip_prefix(text)], WINDOW))
-        return seen_oom
 
     def _on_fact(self, payload, number: int, text: str, source: str) -> None:
         name, regex = payload
@@ -282,9 +316,6 @@ class Scanner:
             frames = self._frames[process] = deque(maxlen=48)
         return frames
 
-    def _prev_context(self, text: str) -> str:
-        return ""  # the previous line is joined only by the needle search; numbers start at the hit line
-
     def _queue(self, pending: _Pending) -> None:
         if len(self._pending) >= MAX_PENDING:
             self._complete(self._pending.pop(0))
@@ -308,9 +339,16 @@ class Scanner:
             pending.oom.numbers = oom.parse(window)
             return
         sig = pending.signature
-        numbers = sig.numbers(window) if sig is not None else {}
+        if sig is None:
+            return
+        numbers = sig.numbers(window)
         if numbers:
             hits = self.classes.get(sig.cls)
             if hits is not None:
-                for key, value in numbers.items():
-                    hits.numbers.setdefault(key, value)
+                hits.all_numbers.append(numbers)
+                # the window that says the most wins (a later, fuller message over an earlier, partial one)
+                if len(numbers) >= len(hits.numbers):
+                    hits.numbers = {**hits.numbers, **numbers}
+                else:
+                    for key, value in numbers.items():
+                        hits.numbers.setdefault(key, value)

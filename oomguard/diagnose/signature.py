@@ -27,6 +27,7 @@ class Signature:
     kind: str = "error"
     cause: str = ""
     engine: str = "any"
+    require: bool = False   # the hit counts only if `pattern` matches (for needles too common on their own)
     regex: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -87,6 +87,9 @@ FACTS: tuple[tuple[str, str, _re.Pattern], ...] = tuple((name, needle, _re.compi
                                              r"\s*(?P<mib>[\d.]+) MiB"),
     ("llamacpp_compute_buffer", "compute buffer size", r"(?P<device>CUDA\d+|ROCm\d+|Metal|Vulkan\d*) compute buffer "
                                                        r"size\s*=\s*(?P<mib>[\d.]+) MiB"),
+    ("llamacpp_server", "llama_server:", r"llama_server: (?P<v>initializing|model loaded|listening)"),
+    ("llamacpp_model_path", "load_model: loading model", r"loading model '(?P<v>[^']+)'"),
+    ("llamacpp_slots", "n_ctx_slot", r"n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+)"),
     ("llamacpp_gpu", "ggml_cuda_init: found", r"found (?P<v>\d+) CUDA devices"),
     ("llamacpp_device", "compute capability", r"Device (?P<index>\d+): (?P<name>.+?), compute capability "
                                               r"(?P<cc>\d+\.\d+)"),
@@ -98,5 +101,7 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("llama_context: constructing llama_context", "weights_loaded"),
     ("llama_new_context_with_model:", "weights_loaded"),
     ("server is listening on", "serving"),
+    ("llama_server: model loaded", "ready"),
+    ("llama_server: listening on", "serving"),
     ("all slots are idle", "serving"),
 )

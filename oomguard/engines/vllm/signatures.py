@@ -101,7 +101,7 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The model's {num_attention_heads} attention heads cannot be split evenly over "
                     "tensor_parallel_size {tensor_parallel_size}."),
     Signature("vllm.ensure_divisibility", "tp_misconfig", "is not divisible by", 0.8,
-              "distributed/utils.py:ensure_divisibility (AssertionError '{} is not divisible by {}')",
+              "distributed/utils.py:ensure_divisibility (AssertionError '{} is not divisible by {}')", require=True,
               pattern=r"(?<![\w.])(?P<numerator>\d+) is not divisible by (?P<denominator>\d+)\b",
               cause="A tensor dimension ({numerator}) cannot be split evenly over {denominator} tensor-parallel "
                     "ranks."),
@@ -131,6 +131,10 @@ SIGNATURES: tuple[Signature, ...] = (
                       r"block_[nk] = (?P<block>\d+)",
               cause="A weight shard ({partition_size}) is not a multiple of the quantization block ({block}) at this "
                     "tensor_parallel_size."),
+    Signature("vllm.tp_heads_paraphrase", "tp_misconfig", "attention heads", 0.75,
+              "the TP/heads rule in other words (config/model.py)", require=True,
+              pattern=r"divisib\w*.{0,60}attention heads|attention heads.{0,60}divisib",
+              cause="tensor_parallel_size must divide the model's attention heads."),
     Signature("vllm.tp_divide", "tp_misconfig", "tensor parallel world size must divide", 0.88,
               "model_executor/layers/mamba/mamba_mixer2.py", cause="tensor_parallel_size does not divide a model "
               "dimension."),
@@ -142,7 +146,7 @@ SIGNATURES: tuple[Signature, ...] = (
                       r"(?:(?P<requested_tokens>\d+) tokens(?: \((?P<prompt_tokens>\d+) in the messages, "
                       r"(?P<completion_tokens>\d+) in the completion\))?|(?P<completion_tokens_b>\d+) output tokens "
                       r"and your prompt contains (?:at least )?(?P<prompt_tokens_b>\d+) input tokens)|your request has "
-                      r"(?P<prompt_tokens_c>\d+) input tokens|your prompt contains (?:at least )?"
+                      r"(?P<prompt_tokens_c>\d+) input tokens(?: plus (?P<completion_tokens_c>\d+) 'max_tokens')?|your prompt contains (?:at least )?"
                       r"(?P<prompt_tokens_d>\d+) input tokens)",
               cause="The request needs more tokens than max_model_len {max_model_len}."),
     Signature("vllm.ctx_max_tokens", "context_too_long", "'max_tokens' or 'max_completion_tokens' is too large", 0.95,
@@ -234,7 +238,8 @@ SIGNATURES: tuple[Signature, ...] = (
               "distributed/device_communicators/custom_all_reduce.py (warning)", kind="hint",
               cause="The GPUs cannot talk peer to peer."),
     Signature("vllm.custom_ar_error", "nccl", "custom_all_reduce", 0.7,
-              "csrc/custom_all_reduce.cuh (CUDA error inside vLLM's custom all-reduce)", kind="hint",
+              "csrc/custom_all_reduce.cuh (CUDA error inside vLLM's custom all-reduce)", require=True,
+              pattern=r"custom_all_reduce\S*[^\n]{0,160}(?:error|failed|assert)",
               cause="vLLM's custom all-reduce kernel failed."),
     # --- engine bugs and internal assertions ---
     Signature("vllm.internal_bug_text", "engine_bug", "this should never happen", 0.7, "vllm internal assertion",

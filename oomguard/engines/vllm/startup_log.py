@@ -18,6 +18,7 @@ FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile
     ("engine_config", "with config: model=", r"with config: (?P<v>model=.*)"),
     ("non_default_args", "non-default args:", r"non-default args: (?P<v>\{.*\})"),  # entrypoints/utils.py (>= 0.10)
     ("args_namespace", "args: namespace(", r"args: Namespace\((?P<v>.*)\)"),        # api_server.py (<= 0.9)
+    ("args_namespace", "] args: ", r"\] args: (?P<v>\w+=.*)"),                       # the same, flattened
     # platforms/cuda.py get_attn_backend_cls, attention/selector.py (V0)
     ("attention_backend", "backend", r"\bUsing (?P<v>(?:Flash ?Attention|FlashInfer|FlexAttention|Triton|XFormers|"
                                      r"Torch ?SDPA|TORCH_SDPA|ROCm|Rocm/Aiter|AITER|FlashMLA|Cutlass MLA|Triton MLA|"
@@ -27,10 +28,10 @@ FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile
     ("weights_gib", "model loading took", r"Model loading took (?P<v>[\d.]+) ?GiB"),
     ("weights_gib", "loading model weights took", r"Loading model weights took (?P<v>[\d.]+) ?GB"),
     # V0 profiling summary (row 4), V1 DEBUG summary (row 4b)
-    ("v0_profile", "model weights take", r"model weights take (?P<weights_gib>[\d.]+) ?GiB; non_torch_memory takes "
-                                         r"(?P<non_torch_gib>[\d.]+) ?GiB; PyTorch activation peak memory takes "
-                                         r"(?P<activation_peak_gib>[\d.]+) ?GiB; the rest of the memory reserved for "
-                                         r"KV Cache is (?P<available_kv_gib>-?[\d.]+) ?GiB"),
+    ("weights_gib", "model weights take", r"model weights take\s*(?P<v>[\d.]+) ?GiB"),
+    ("non_torch_gib", "non_torch_memory takes", r"non_torch_memory takes\s*(?P<v>[\d.]+) ?GiB"),
+    ("activation_peak_gib", "activation peak memory takes", r"activation peak memory takes\s*(?P<v>[\d.]+) ?GiB"),
+    ("available_kv_gib", "reserved for kv cache is", r"reserved for KV Cache is\s*(?P<v>-?[\d.]+) ?GiB"),
     ("v0_budget", "total_gpu_memory (", r"total_gpu_memory \((?P<total_gpu_memory_gib>[\d.]+) ?GiB\) x "
                                         r"gpu_memory_utilization \((?P<gpu_memory_utilization>[\d.]+)\)"),
     ("v1_profile", "torch peak memory increase:", r"torch peak memory increase: (?P<activation_peak_gib>[\d.]+) ?GiB; "
@@ -45,12 +46,14 @@ FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile
     ("num_gpu_blocks", "blocks:", r"# (?:GPU|CUDA|[a-z]+) blocks: (?P<v>\d+)"),
     ("num_gpu_blocks", "num_gpu_blocks is:", r"num_gpu_blocks is: (?P<v>\d+)"),
     ("cuda_graph_gib", "graph capturing finished", r"Graph capturing finished in [\d.]+ secs?, took (?P<v>-?[\d.]+) GiB"),
+    ("cuda_graph_gib", "cuda graph pool memory:", r"CUDA graph pool memory: (?P<v>-?[\d.]+) GiB \(actual\)"),
     ("cuda_graph_estimated_gib", "estimated cuda graph memory:", r"Estimated CUDA graph memory: (?P<v>[\d.]+) GiB"),
     ("max_num_batched_tokens", "chunked prefill is enabled with", r"max_num_batched_tokens=(?P<v>\d+)"),
     ("auto_fit", "auto-fit max_model_len:", r"(?:reduced from (?P<from_len>\d+) to (?P<max_model_len>\d+)|"
                                             r"full model context length (?P<full_len>\d+) fits)"),
     # numbers other messages carry about the GPU
-    ("gpu_total", "has a total capacity of", r"has a total capacity of (?P<v>[\d.]+) GiB"),
+    ("gpu_total", "has a total capac", r"has a total capac(?:i)?ty of (?P<v>[\d.]+) GiB"),    # PyTorch >= 2.1
+    ("gpu_total", "gib total capacity;", r"(?P<v>[\d.]+) GiB total capacity;"),                 # PyTorch < 2.1
     ("free_total", "free memory on device", r"\((?P<free_gib>[\d.]+)\s*/\s*(?P<total_gpu_memory_gib>[\d.]+) GiB\)"),
     ("bf16_gpu", "gpu has compute capability", r"Your (?P<gpu_name>.+?) GPU has compute capability "
                                                r"(?P<compute_capability>[\d.]+)"),
@@ -75,6 +78,7 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("loading weights took", "weights_loaded"),
     ("model loading took", "weights_loaded"),
     ("loading model weights took", "weights_loaded"),
+    ("starting profile run", "weights_loaded"),
     ("memory profiling takes", "profiled"),
     ("available kv cache memory", "profiled"),
     ("kv cache size:", "profiled"),
@@ -89,6 +93,16 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("uvicorn running on", "serving"),
     ("avg prompt throughput", "serving"),
     ("post /v1/", "serving"),
+)
+
+# Words that place an out-of-memory report that has no frames and no startup lines (a pasted description):
+# used only when nothing firmer is known.
+PHASE_HINTS: tuple[tuple[str, str], ...] = (
+    ("on startup", "startup"), ("at startup", "startup"), ("during startup", "startup"),
+    ("profile run", "startup"), ("profiling", "startup"), ("graph capture", "capturing"),
+    ("capturing", "capturing"), ("loading the model", "loading"), ("loading weights", "loading"),
+    ("prompt_logprobs", "serving"), ("logprobs", "serving"), ("concurrent requests", "serving"),
+    ("while serving", "serving"), ("under load", "serving"), ("during inference", "serving"),
 )
 
 # Functions in a traceback that say where an out-of-memory error happened (vllm/v1/worker/*, worker/* V0,

@@ -1,0 +1,281 @@
+"""oomguard diagnose on logs: every class from vLLM's own message texts (generated per version by
+oomguard.engines.vllm.messages), the numbers in the fixes, OOM placement, startup facts and warnings."""
+
+import pytest
+
+from oomguard.diagnose import LOG_CLASSES, diagnose_text
+from oomguard.engines.vllm import messages
+from oomguard.units import GiB
+
+VERSIONS = [(0, 8, 5), (0, 9, 2), (0, 11, 0), (0, 13, 0), (0, 14, 0), (0, 19, 0), (0, 22, 0), (0, 33, 0)]
+
+
+def top(text, **kw):
+    d = diagnose_text(text, use_planner=False, **kw)
+    assert d.findings, text
+    return d.findings[0], d
+
+
+def fix_values(finding, flag):
+    return [f.value for f in finding.fixes if f.flag == flag]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_kv_too_small_every_version_recommends_at_most_the_estimate(version):
+    text = messages.kv_too_small(version, "v1", 131072, int(16 * GiB), int(4.51 * GiB), 36928, 0)
+    finding, _ = top(f"(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:700] ValueError: {text}")
+    assert finding.cls == "kv_cache_too_small" and finding.confidence >= 0.9
+    values = fix_values(finding, "--max-model-len")
+    assert values and all(v <= 36928 for v in values)
+    if version >= (0, 9, 0):
+        assert values[0] == 36928  # vLLM's own estimate, verbatim
+    assert finding.evidence[0].line == 1
+
+
+def test_kv_too_small_v0_uses_the_token_count():
+    text = messages.kv_too_small((0, 6, 6), "v0", 32768, 0, 0, 0, 2048)
+    finding, _ = top("ValueError: " + text)
+    assert finding.cls == "kv_cache_too_small"
+    assert fix_values(finding, "--max-model-len")[0] == 2048
+
+
+def test_wrapped_message_is_still_found_and_read():
+    text = ("ValueError: The model's max seq len (32768) is larger than the maximum number of\n"
+            "tokens that can be stored in KV cache (2048). Try increasing `gpu_memory_utilization`\n"
+            "or decreasing `max_model_len` when initializing the engine.")
+    finding, _ = top(text)
+    assert finding.cls == "kv_cache_too_small" and fix_values(finding, "--max-model-len") == [2048]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_no_cache_blocks(version):
+    finding, _ = top("ValueError: " + messages.no_cache_memory(version, "v1"))
+    assert finding.cls == "no_cache_blocks"
+    assert any(f.flag == "--max-num-batched-tokens" for f in finding.fixes)
+
+
+@pytest.mark.parametrize("version", [(0, 9, 2), (0, 13, 0), (0, 14, 0), (0, 33, 0)])
+def test_free_memory_check_gives_a_utilization_that_fits(version):
+    text = messages.free_memory_too_low(version, int(22.65 * GiB), int(79.18 * GiB), 0.825, 65.32 * GiB)
+    finding, _ = top(f"(EngineCore pid=407) ValueError: {text}")
+    assert finding.cls == "gpu_memory_in_use"
+    (util,) = fix_values(finding, "--gpu-memory-utilization")
+    assert util * 79.18 <= 22.65 and util >= 0.25
+
+
+def test_tp_heads_lists_sizes_that_divide_and_fit():
+    finding, _ = top("ValueError: " + messages.tp_heads(12, 8))
+    assert finding.cls == "tp_misconfig"
+    values = fix_values(finding, "--tensor-parallel-size")
+    assert values and all(12 % v == 0 and v <= 8 for v in values)
+    assert values[0] == 4  # powers of two first, no larger than the TP tried
+
+
+def test_tp_heads_with_gpu_count_from_the_log():
+    log = "CUDA_VISIBLE_DEVICES=0,1,2\nValueError: " + messages.tp_heads(40, 3)
+    finding, d = top(log)
+    assert d.facts["gpu_count"] == 3
+    assert all(40 % v == 0 and v <= 3 for v in fix_values(finding, "--tensor-parallel-size"))
+
+
+def test_bf16_below_compute_capability_8_recommends_half():
+    finding, _ = top("ValueError: " + messages.bf16_unsupported("Tesla T4", (7, 5)))
+    assert finding.cls == "dtype_capability"
+    assert fix_values(finding, "--dtype")[0] == "half"
+
+
+def test_sampler_warmup_oom_halves_max_num_seqs():
+    finding, _ = top("RuntimeError: " + messages.sampler_warmup_oom(1024))
+    assert finding.cls == "oom_profiling_or_graph"
+    assert fix_values(finding, "--max-num-seqs")[0] == 512
+
+
+def test_weights_oom_message():
+    finding, _ = top("ERROR " + messages.weights_oom(0.1 * GiB, int(23.5 * GiB)))
+    assert finding.cls == "oom_weights_load"
+    assert any(f.flag == "--tensor-parallel-size" for f in finding.fixes)
+
+
+def test_user_max_len_above_derived():
+    finding, _ = top("ValueError: " + messages.max_len_above_derived(200000, 131072))
+    assert finding.cls == "context_too_long"
+    assert fix_values(finding, "--max-model-len") == [131072]
+
+
+def test_openai_context_error_gives_max_tokens_that_fits():
+    text = ("openai.BadRequestError: Error code: 400 - {'message': \"This model's maximum context length is 8192 "
+            "tokens. However, you requested 9000 tokens (1000 in the messages, 8000 in the completion). Please reduce "
+            "the length of the messages or completion.\"}")
+    finding, _ = top(text)
+    assert finding.cls == "context_too_long"
+    assert fix_values(finding, "max_tokens") == [7192]
+
+
+TORCH_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+             "23.65 GiB of which 1.24 GiB is free. Including non-PyTorch memory, this process has 22.40 GiB memory in "
+             "use. Of the allocated memory 20.00 GiB is allocated by PyTorch, and 1.90 GiB is reserved by PyTorch but "
+             "unallocated.")
+
+
+@pytest.mark.parametrize("frames,expected", [
+    (["load_model", "load_weights", "weight_loader"], "oom_weights_load"),
+    (["determine_available_memory", "profile_run", "_dummy_run"], "oom_profiling_or_graph"),
+    (["compile_or_warm_up_model", "capture_model"], "oom_profiling_or_graph"),
+    (["run_busy_loop", "step", "execute_model"], "oom_runtime"),
+])
+def test_oom_is_placed_by_its_traceback_frames(frames, expected):
+    lines = ["Traceback (most recent call last):"]
+    lines += [f'  File "/x/vllm/v1/worker/w.py", line {i}, in {f}' for i, f in enumerate(frames, 1)]
+    finding, _ = top("\n".join(lines + [TORCH_OOM]))
+    assert finding.cls == expected
+
+
+@pytest.mark.parametrize("before,expected", [
+    ("INFO Starting to load model meta-llama/Llama-3.1-8B-Instruct...", "oom_weights_load"),
+    ("INFO Model loading took 14.99 GiB and 5.1 seconds", "oom_profiling_or_graph"),
+    ("INFO Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 50%", "oom_profiling_or_graph"),
+    ("INFO:     Application startup complete.", "oom_runtime"),
+])
+def test_oom_is_placed_by_the_startup_phase(before, expected):
+    finding, _ = top(before + "\n" + TORCH_OOM)
+    assert finding.cls == expected
+
+
+def test_oom_with_other_processes_is_memory_in_use_and_sized_to_what_is_free():
+    text = TORCH_OOM.replace("Including non-PyTorch", "Process 4242 has 10.00 GiB memory in use. Including non-PyTorch")
+    finding, _ = top(text)
+    assert finding.cls == "gpu_memory_in_use"
+    (util,) = fix_values(finding, "--gpu-memory-utilization")
+    assert util * 23.65 <= 23.65 - 10.0
+
+
+def test_fragmentation_puts_expandable_segments_first():
+    finding, _ = top("INFO:     Application startup complete.\n" + TORCH_OOM)
+    assert finding.fixes[0].flag == "PYTORCH_CUDA_ALLOC_CONF"
+    assert finding.fixes[0].value == "expandable_segments:True"
+    lower = fix_values(finding, "--gpu-memory-utilization")
+    assert lower and lower[0] < 0.9
+
+
+@pytest.mark.parametrize("text,cls", [
+    ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error, NCCL "
+     "version 2.21.5", "nccl"),
+    ("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo for url "
+     "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json.", "model_access"),
+    ("ValueError: As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+     "template if the tokenizer does not define one.", "tokenizer_chat_template"),
+    ("openai.APIConnectionError: Connection error.\nhttpx.ConnectError: [Errno 111] Connection refused", "connection"),
+    ("curl: (7) Failed to connect to localhost port 8000 after 0 ms: Connection refused", "connection"),
+    ("ValueError: Quantization method specified in the model config (awq) does not match the quantization method "
+     "specified in the `quantization` argument (gptq).", "quantization_mismatch"),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", "engine_bug"),
+    ("llama_model_load: error loading model: unable to allocate CUDA0 buffer", "oom_weights_load"),
+    ("srv  send_error: task id = 3, error: request (9000 tokens) exceeds the available context size (8192 tokens), "
+     "try increasing it", "context_too_long"),
+])
+def test_library_and_engine_texts(text, cls):
+    finding, _ = top(text)
+    assert finding.cls == cls
+    assert finding.cls in LOG_CLASSES and finding.summary and finding.fixes
+
+
+def test_quantization_mismatch_recommends_the_checkpoint_method():
+    finding, _ = top("ValueError: Quantization method specified in the model config (awq) does not match the "
+                     "quantization method specified in the `quantization` argument (gptq).")
+    assert fix_values(finding, "--quantization") == ["awq"]
+
+
+def test_nccl_fixes_are_p2p_and_custom_all_reduce():
+    finding, _ = top("RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)")
+    flags = [f.flag for f in finding.fixes]
+    assert "NCCL_P2P_DISABLE" in flags and "--disable-custom-all-reduce" in flags
+
+
+def test_a_specific_error_outranks_the_generic_assertion_and_client_errors():
+    text = ("AssertionError\nValueError: " + messages.tp_heads(14, 4) +
+            "\nopenai.APIConnectionError: Connection error.")
+    d = diagnose_text(text, use_planner=False)
+    assert [f.cls for f in d.findings][0] == "tp_misconfig"
+
+
+def test_an_internal_crash_is_called_an_engine_bug():
+    finding, _ = top("Traceback (most recent call last):\n  File \"/x/vllm/v1/core/sched/scheduler.py\", line 3, in "
+                     "schedule\nAssertionError: num_new_tokens > 0")
+    assert finding.cls == "engine_bug"
+    assert "not your configuration" in finding.summary
+
+
+def test_unknown_error_is_reported_as_unknown_with_the_error_lines():
+    finding, _ = top("Traceback (most recent call last):\nZeroDivisionError: something odd")
+    assert finding.cls == "unknown" and finding.evidence
+
+
+def test_a_clean_startup_has_no_findings_but_a_summary():
+    log = "\n".join([
+        "INFO 10-08 11:59:00 [api_server.py:1839] vLLM API server version 0.11.0",
+        "INFO 10-08 11:59:00 [utils.py:233] non-default args: {'model_tag': 'Qwen/Qwen3-8B', 'model': "
+        "'Qwen/Qwen3-8B', 'max_model_len': 32768, 'gpu_memory_utilization': 0.96, 'enforce_eager': True}",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:05 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: "
+        "model='Qwen/Qwen3-8B', tokenizer='Qwen/Qwen3-8B', dtype=torch.bfloat16, max_seq_len=32768, "
+        "tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1, disable_custom_all_reduce=False, "
+        "quantization=None, enforce_eager=True, kv_cache_dtype=auto, enable_prefix_caching=True",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:10 [cuda.py:325] Using FlexAttention backend on V1 engine.",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:20 [gpu_model_runner.py:2653] Model loading took 15.2683 GiB and "
+        "10.1 seconds",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:30 [gpu_worker.py:298] Available KV cache memory: 1.17 GiB",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:30 [kv_cache_utils.py:1087] GPU KV cache size: 8,512 tokens",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:30 [kv_cache_utils.py:1091] Maximum concurrency for 32,768 tokens "
+        "per request: 0.26x",
+        "CUDA_VISIBLE_DEVICES=0,1",
+        "INFO:     Application startup complete.",
+    ])
+    d = diagnose_text(log, use_planner=False)
+    assert d.findings == []
+    f = d.facts
+    assert f["vllm_version"] == "0.11.0" and f["model"] == "Qwen/Qwen3-8B" and f["dtype"] == "bfloat16"
+    assert f["weights_gib"] == 15.2683 and f["available_kv_gib"] == 1.17 and f["kv_cache_tokens"] == 8512
+    assert f["max_concurrency"] == 0.26 and f["max_model_len"] == 32768 and f["enforce_eager"] is True
+    assert f["attention_backend"].startswith("FlexAttention")
+    text = " ".join(f["warnings"])
+    for sign in ("slow path", "tensor_parallel_size is 1 on a 2-GPU", "near zero", "enforce_eager",
+                 "0.96", "far above"):
+        assert sign in text, sign
+
+
+def test_llamacpp_startup_facts_and_partial_offload_warning():
+    log = "\n".join([
+        "build: 6123 (abcdef1) with cc for x86_64-linux-gnu",
+        "llama_model_loader: - kv   2:                               general.name str              = Qwen2.5 7B",
+        "load_tensors: offloaded 20/29 layers to GPU",
+        "load_tensors:        CUDA0 model buffer size =  3820.50 MiB",
+        "llama_context: n_ctx         = 8192",
+        "llama_kv_cache:      CUDA0 KV buffer size =   448.00 MiB",
+        "main: server is listening on http://127.0.0.1:8080 - starting the main loop",
+    ])
+    d = diagnose_text(log, use_planner=False)
+    assert d.findings == [] and d.facts["engine"] == "llamacpp"
+    assert d.facts["n_ctx"] == 8192 and d.facts["gpu_layers_offloaded"] == 20
+    assert any("20/29 layers" in w for w in d.facts["warnings"])
+
+
+def test_known_regression_pp_kv_check_is_flagged_as_engine_bug():
+    log = ("INFO vLLM API server version 0.15.0\nINFO non-default args: {'model': 'x/y', 'pipeline_parallel_size': 2}\n"
+           "ValueError: " + messages.kv_too_small((0, 15, 0), "v1", 32768, int(8 * GiB), int(5 * GiB), 20000, 0))
+    d = diagnose_text(log, use_planner=False)
+    classes = [f.cls for f in d.findings]
+    assert classes[0] == "kv_cache_too_small" and "engine_bug" in classes
+    assert any("0.17" in n for n in d.findings[0].notes)
+
+
+def test_reads_the_simulators_log_like_vllms():
+    from oomguard.simulate.logs import oom_lines, startup_lines
+    from oomguard.simulate.plan import plan_simulation
+    plan = plan_simulation("Qwen/Qwen2.5-7B-Instruct", "h100", vllm_version="0.19.0", flags={"max_model_len": 8192})
+    log = "\n".join(startup_lines(plan, "127.0.0.1", 8000, 1.0, pid=7) + ["INFO:     127.0.0.1:5 - \"POST "
+                    "/v1/chat/completions HTTP/1.1\" 200 OK"] + oom_lines(plan, "req-1", 40, 2))
+    d = diagnose_text(log, use_planner=False)
+    assert d.findings[0].cls == "oom_runtime"
+    f = d.facts
+    assert f["vllm_version"].startswith("0.19.0") and f["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert f["kv_cache_tokens"] == plan.kv_cache_tokens and f["max_model_len"] == 8192
+    assert abs(f["weights_gib"] - plan.weights_bytes / GiB) < 0.01
