@@ -190,8 +190,8 @@ def main() -> int:
         "| measurement | oomguard loadtest | plain aiohttp loop | plain httpx loop |",
         "|---|---|---|---|",
         f"| non-streamed, closed loop, 64 connections: req/s | {c['rps']:.0f} | "
-        f"{_get(res, 'peer_aiohttp_closed_64', 'rps')} ({ratio(c, res.get('peer_aiohttp_closed_64'))} ours) | "
-        f"{_get(res, 'peer_httpx_closed_64', 'rps')} ({ratio(c, res.get('peer_httpx_closed_64'))} ours) |",
+        f"{_get(res, 'peer_aiohttp_closed_64', 'rps')} (ours/peer {ratio(c, res.get('peer_aiohttp_closed_64'))}) | "
+        f"{_get(res, 'peer_httpx_closed_64', 'rps')} (ours/peer {ratio(c, res.get('peer_httpx_closed_64'))}) |",
     ]
     for rate in (2000, 4000):
         r = res[f"rate_{rate}"]
@@ -209,9 +209,9 @@ def main() -> int:
                  f"{ms(_get(res, 'peer_aiohttp_streams', 'itl_p99', raw=True))} | "
                  f"{ms(_get(res, 'peer_httpx_streams', 'itl_p50', raw=True))}/"
                  f"{ms(_get(res, 'peer_httpx_streams', 'itl_p99', raw=True))} |")
-    lines.append(f"| {a.streams} streams: streams finished/s (client CPU s) | {s['rps']:.1f} ({s['cpu_s']}) | "
-                 f"{_get(res, 'peer_aiohttp_streams', 'rps')} ({_get(res, 'peer_aiohttp_streams', 'cpu_s')}) | "
-                 f"{_get(res, 'peer_httpx_streams', 'rps')} ({_get(res, 'peer_httpx_streams', 'cpu_s')}) |")
+    lines.append(f"| {a.streams} streams: streams held at once; client CPU seconds | {s['peak_in_flight']}; "
+                 f"{s['cpu_s']} | {a.streams}; {_get(res, 'peer_aiohttp_streams', 'cpu_s')} | "
+                 f"{a.streams}; {_get(res, 'peer_httpx_streams', 'cpu_s')} |")
     table = "\n".join(lines)
     print(table)
     res["table_markdown"] = table

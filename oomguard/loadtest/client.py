@@ -162,14 +162,18 @@ class OpenAIClient:
         t0 = self.t0
         res = RequestResult(start=perf() - t0, stage=stage)
         try:
-            async with self.session.post(self.url, data=data) as resp:
-                res.status = resp.status
-                if resp.status != 200:
-                    res.error_kind, res.error = "http", _error_message(await resp.read())
-                elif self.stream:
-                    await self._read_stream(resp, res)
-                else:
-                    self._read_body(await resp.read(), res)
+            for attempt in range(4):
+                try:
+                    await self._post(data, res)
+                    break
+                except aiohttp.ClientConnectorError:
+                    raise
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                    # a keep-alive connection the server had closed (llama.cpp's cpp-httplib does): again on
+                    # another one, but only when nothing of the answer had come yet
+                    if attempt == 3 or res.status:
+                        raise
+                    res.start = perf() - t0
         except asyncio.CancelledError:
             res.cancelled = True
             res.end = perf() - t0
@@ -181,13 +185,23 @@ class OpenAIClient:
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             res.error_kind = "disconnect"
             res.error = "the server closed the connection" + (" mid-stream" if res.ttft is not None else "") \
-                        + f" ({type(exc).__name__})"
+                        + f" ({type(exc).__name__}: {exc})"[:300]
         except aiohttp.ClientError as exc:
             res.error_kind, res.error = "connect", f"{type(exc).__name__}: {exc}"[:300]
         finally:
             if not res.end:
                 res.end = perf() - t0
         return res
+
+    async def _post(self, data: bytes, res: RequestResult) -> None:
+        async with self.session.post(self.url, data=data) as resp:
+            res.status = resp.status
+            if resp.status != 200:
+                res.error_kind, res.error = "http", _error_message(await resp.read())
+            elif self.stream:
+                await self._read_stream(resp, res)
+            else:
+                self._read_body(await resp.read(), res)
 
     def _read_body(self, body: bytes, res: RequestResult) -> None:
         try:

@@ -164,7 +164,7 @@ class Plan:
         self.mode = "capacity" if args.find_capacity else ("ramp" if self.ramp else "fixed")
 
         stop = args.stop_when
-        if stop is None and self.mode != "fixed":
+        if stop is None and self.mode == "ramp":
             stop = DEFAULT_RAMP_STOP
         self.conditions = parse_conditions(stop)
         if self.mode == "capacity":
