@@ -30,9 +30,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llm-class", action="store_true",
                         help="model the LLM(...) Python class instead of `vllm serve` (different batch defaults)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    group = parser.add_argument_group("recommend a configuration for a workload (the seeds' checklist as a search)")
+    group.add_argument("--p99-tokens", type=_count, metavar="N",
+                       help="prompt + output tokens of your 99th-percentile request")
+    group.add_argument("--peak-concurrency", type=_count, metavar="C", help="requests in flight at your busiest")
+    group.add_argument("--prefix-sharing", type=float, default=0.0, metavar="FRACTION",
+                       help="share of each request's tokens common to all (a system prompt); default 0")
+    group.add_argument("--max-tokens-out", type=_count, metavar="N", help="the most output tokens a request asks for")
+    group.add_argument("--workload", metavar="FILE",
+                       help="JSONL of real requests (prompt_tokens/output_tokens or prompt text; start/end times)")
+    group.add_argument("--objective", default="fewest-gpus", choices=("fewest-gpus", "most-headroom", "max-throughput"),
+                       help="how to rank the configurations that fit (default: fewest-gpus)")
+    group.add_argument("--top", type=_count, default=3, metavar="N", help="configurations to show (default 3)")
+    group.add_argument("--format", choices=("table", "json", "yaml"), default="table",
+                       help="yaml: a file for `vllm serve --config`; json: as --json")
+    group.add_argument("--no-other-checkpoints", action="store_true",
+                       help="only this checkpoint (and online fp8), not its quantized copies in the catalog")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-models", action="store_true", help="list the model catalog and exit")
     add_flags(parser)
+
+
+def _count(text: str) -> int:
+    from oomguard.engines.vllm.flags import human_int
+    value = human_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,10 +81,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give one model id (or paste a whole command after --: oomguard plan -- vllm serve MODEL ...)")
     if args.llm_class:
         flags["usage_context"] = "llm"
+    if args.p99_tokens or args.peak_concurrency or args.workload:
+        from oomguard.plan.recommend_command import run_recommend
+        return run_recommend(args, words[0], flags)
     world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
         "data_parallel_size", 1)
     report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
                      flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
                      free_memory_gib=args.free_memory)
-    render.print_report(report, as_json=args.json, ignored=ignored)
+    render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"))
     return 0 if report.starts else 1

@@ -45,18 +45,31 @@ def _bar(report: MemoryReport, width: int = 60):
     return text, legend
 
 
-def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = ()) -> None:
+def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = (),
+                 quantization: str | None = None) -> None:
+    """`quantization`: the --quantization the user gave (the report holds the resolved method, which a
+    pre-quantized checkpoint needs no flag for)."""
     data = report.to_dict()
     data["ignored_flags"] = list(ignored)
-    data["command"] = format_vllm_command(report.model_id, _command_flags(report))
+    data["command"] = format_vllm_command(report.model_id, {**_command_flags(report), "quantization": quantization})
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
+    print_breakdown(console, report)
+    if ignored:
+        console.print(f"[dim]ignored (not memory-relevant or not modelled): {' '.join(ignored)}[/]")
+    console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
+    console.print(f"\n  {data['command']}\n")
+
+
+def print_breakdown(console, report: MemoryReport) -> None:
+    """The per-GPU table, the memory bar, the KV figures, the verdict and the warnings."""
+    from rich.table import Table
+
     w = report.first
     title = (f"{report.model_id} on {report.gpu_count} x {report.gpu_name} "
              f"({report.total_memory_bytes / GiB:.2f} GiB each), vLLM {report.vllm_version} ({report.engine})")
@@ -92,10 +105,6 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
             console.print(f"Fix: --max-model-len {report.estimated_max_model_len} fits the KV cache you have.")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
-    if ignored:
-        console.print(f"[dim]ignored (not memory-relevant or not modelled): {' '.join(ignored)}[/]")
-    console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
-    console.print(f"\n  {data['command']}\n")
 
 
 def _command_flags(report: MemoryReport) -> dict:

@@ -7,6 +7,7 @@ One table serves `oomguard plan`'s options and the parsing of a pasted `vllm ser
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shlex
 from dataclasses import dataclass, fields
@@ -135,10 +136,7 @@ def parse_vllm_command(argv: list[str] | str) -> VllmCommand:
 def format_vllm_command(model: str, flags: dict) -> str:
     """A `vllm serve` line with vLLM's spellings, flags in the table's order."""
     parts = ["vllm", "serve", shlex.quote(model)]
-    for flag in FLAGS:
-        value = flags.get(flag.dest)
-        if value is None or value is False and not flag.negatable:
-            continue
+    for flag, value in _set_flags(flags):
         option = flag.options[0]
         if flag.type is None:
             parts.append(option if value else f"--no-{option[2:]}")
@@ -150,3 +148,31 @@ def format_vllm_command(model: str, flags: dict) -> str:
 def engine_config_fields() -> set[str]:
     from oomguard.engines.vllm.memory import EngineConfig
     return {f.name for f in fields(EngineConfig)}
+
+
+def _set_flags(flags: dict):
+    """(Flag, value) pairs worth writing, in the table's order."""
+    for flag in FLAGS:
+        value = flags.get(flag.dest)
+        if value is None or value is False and not flag.negatable:
+            continue
+        yield flag, value
+
+
+def format_llm_kwargs(model: str, flags: dict) -> str:
+    """The same settings as Python keyword arguments of `vllm.LLM(...)` (EngineArgs field names)."""
+    args = [f"model={model!r}"] + [f"{flag.dest}={value!r}" for flag, value in _set_flags(flags)]
+    return "LLM(" + ", ".join(args) + ")"
+
+
+def format_yaml_config(model: str, flags: dict) -> str:
+    """A file for `vllm serve --config FILE`: the long option names without dashes as keys (vllm/utils argparse)."""
+    def scalar(value) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (int, float)):
+            return repr(value)
+        return json.dumps(str(value))  # a JSON string is a valid YAML scalar, quotes and all
+    lines = [f"model: {scalar(model)}"]
+    lines += [f"{flag.options[0][2:]}: {scalar(value)}" for flag, value in _set_flags(flags)]
+    return "\n".join(lines) + "\n"

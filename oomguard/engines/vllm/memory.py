@@ -98,6 +98,8 @@ class MemoryReport:
     assumptions: tuple[str, ...]
     provenance: dict = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    kv_layout: KvLayout | None = field(default=None, repr=False)   # the tightest worker's, for workload checks
+    in_flight_tokens: int = 0
 
     @property
     def first(self) -> WorkerMemory:
@@ -107,6 +109,15 @@ class MemoryReport:
     @property
     def kv_cache_bytes(self) -> int:
         return self.first.kv_cache_bytes
+
+    def requests_held(self, tokens: int, shared_tokens: int = 0) -> float:
+        """Requests of `tokens` each the KV cache holds at once; `shared_tokens` of each stored once (prefix cache)."""
+        if self.kv_layout is None or self.num_gpu_blocks <= 0:
+            return 0.0
+        per_request = self.kv_layout.blocks_per_request(tokens, self.in_flight_tokens)
+        shared = self.kv_layout.blocks_per_request(shared_tokens, self.in_flight_tokens) if shared_tokens else 0
+        # kv_cache_utils.get_max_concurrency_for_kv_cache_config, with the shared blocks counted once
+        return max(self.num_gpu_blocks - shared, 0) / max(per_request - shared, 1)
 
     def to_dict(self) -> dict:
         w = self.first
@@ -375,7 +386,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         kv_cache_tokens=report_tokens, max_concurrency=concurrency, max_model_len=max_len,
         starts=error is None, error=error, error_class=error_class, estimated_max_model_len=estimated,
         needed_kv_bytes=needed, headroom_bytes=int(headroom), assumptions=tuple(notes), provenance=provenance,
-        warnings=tuple(warnings),
+        warnings=tuple(warnings), kv_layout=layout, in_flight_tokens=in_flight,
     )
 
 

@@ -1,0 +1,44 @@
+"""Which catalog checkpoints are the same model in another precision (an -AWQ, -GPTQ-Int4, -FP8-dynamic, w4a16 copy).
+
+Two entries are variants when their names agree once the publisher, the "Meta-" prefix and the quantization
+suffix are dropped, and their configs have the same shape (layers, widths, heads, vocabulary): a name match alone
+could pair a base model with its instruct tune's quantization.
+"""
+
+from __future__ import annotations
+
+import re
+
+from oomguard.models.spec import ModelSpec
+
+_QUANT_SUFFIX = re.compile(
+    r"(-(awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|nvfp4|mxfp4|bnb|4bit|8bit|dynamic|static|marlin|quantized"
+    r"|quantized\.w4a16|quantized\.w8a8|quantized\.w8a16|fp8-dynamic|fp8-static)[a-z0-9.]*)+$")
+
+
+def base_name(model_id: str) -> str:
+    """'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4' -> 'llama-3.1-8b-instruct'."""
+    name = model_id.rsplit("/", 1)[-1].lower()
+    name = _QUANT_SUFFIX.sub("", name)
+    return name[5:] if name.startswith("meta-") else name
+
+
+def shape(model: ModelSpec) -> tuple:
+    return (model.num_layers, model.hidden_size, model.intermediate_size, model.num_heads, model.num_kv_heads,
+            model.head_dim, model.vocab_size, model.moe.num_experts if model.moe else 0)
+
+
+def precision_variants(model: ModelSpec) -> list[ModelSpec]:
+    """The other catalog checkpoints of this model (itself excluded), each a loaded ModelSpec."""
+    from oomguard.models.load import catalog_ids, from_catalog
+
+    wanted = base_name(model.model_id)
+    ids = {name[:-5].replace("--", "/", 1) for name in catalog_ids().values()}
+    out = []
+    for other in sorted(ids):
+        if other.lower() == model.model_id.lower() or base_name(other) != wanted:
+            continue
+        spec = from_catalog(other)
+        if shape(spec) == shape(model):
+            out.append(spec)
+    return out
