@@ -155,6 +155,10 @@ def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: 
         why.append(("enable_prefix_caching", f"off: prefix sharing {sharing:.0%} is under the seeds' "
                     f"{PREFIX_CACHING_PAYS:.0%} hit-rate threshold, so caching would not pay for its hashing and "
                     "the blocks it pins"))
+    if flags.get("max_num_batched_tokens"):
+        why.append(("max_num_batched_tokens", f"{flags['max_num_batched_tokens']:,}: prefill in chunks this size; "
+                    f"the profile run's activation peak ({report.first.activation_peak_bytes / GiB:.2f} GiB) "
+                    "grows with it"))
     if flags.get("enforce_eager"):
         why.append(("enforce_eager", "CUDA graph capture does not fit next to the KV cache; eager mode frees "
                     f"{report.first.cuda_graph_bytes / GiB:.2f} GiB at the cost of slower decode"))

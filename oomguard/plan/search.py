@@ -29,6 +29,7 @@ UTILIZATIONS = (0.90, 0.95)        # the seeds' 0.80-0.95 band: vLLM's usual def
 UTILIZATION_MARGIN = 0.01          # below the free fraction on a shared GPU, for the other process's growth
 PREFIX_CACHING_PAYS = 0.30         # the seeds: a prefix-cache hit rate under 30% does not pay for itself
 CONTEXT_STEP = 1024                # max_model_len = p99 rounded up to this
+SMALL_PREFILL_CHUNK = 2048         # max_num_batched_tokens when the profile run's activation peak does not fit
 
 
 @dataclass(frozen=True)
@@ -232,11 +233,14 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
                 if best.feasible or not best.report.starts and best.report.error_class in (
                         "oom_weights_load", "dtype_capability", "context_too_long"):
                     break  # more utilization cannot help these
-            if not best.feasible and best.report.error_class == "oom_profiling_or_graph" and not fixed.get(
-                    "enforce_eager"):
-                # the profile run or graph capture is what breaks: eager mode frees the graph memory
-                best = evaluate(ckpt, gpu, gpu_count, workload, version, {**best.flags, "enforce_eager": True},
-                                free_memory_bytes)
+            # the profile run or graph capture is what breaks: a smaller prefill chunk shrinks the activation
+            # peak; eager mode frees the graph memory (both cost speed, so only when needed)
+            for change in ({"max_num_batched_tokens": SMALL_PREFILL_CHUNK}, {"enforce_eager": True}):
+                if best.feasible or best.report.error_class != "oom_profiling_or_graph" or \
+                        any(k in fixed for k in change) or \
+                        best.report.config["max_num_batched_tokens"] <= change.get("max_num_batched_tokens", 0):
+                    continue
+                best = evaluate(ckpt, gpu, gpu_count, workload, version, {**best.flags, **change}, free_memory_bytes)
                 evaluations += 1
             results.append(best)
 
