@@ -12,7 +12,7 @@ from oomguard.engines.vllm.flags import format_llm_kwargs, format_vllm_command, 
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
 from oomguard.plan.search import PREFIX_CACHING_PAYS, Candidate, SearchResult, search
-from oomguard.plan.tiering import NoFit, no_fit, public_flags
+from oomguard.plan.tiering import NoFit, no_fit
 from oomguard.plan.workload import Workload
 from oomguard.units import GiB
 
@@ -35,15 +35,15 @@ class Recommendation:
 
     def serve_command(self, candidate: Candidate | None = None) -> str:
         c = candidate or self.chosen
-        return format_vllm_command(c.checkpoint.model.model_id, command_flags(c))
+        return format_vllm_command(c.checkpoint.model.model_id, c.command_flags())
 
     def llm_kwargs(self, candidate: Candidate | None = None) -> str:
         c = candidate or self.chosen
-        return format_llm_kwargs(c.checkpoint.model.model_id, command_flags(c))
+        return format_llm_kwargs(c.checkpoint.model.model_id, c.command_flags())
 
     def yaml_config(self, candidate: Candidate | None = None) -> str:
         c = candidate or self.chosen
-        return format_yaml_config(c.checkpoint.model.model_id, command_flags(c))
+        return format_yaml_config(c.checkpoint.model.model_id, c.command_flags())
 
     def to_dict(self, top: int) -> dict:
         w = self.workload
@@ -55,31 +55,14 @@ class Recommendation:
                          "prefix_sharing": w.prefix_sharing, "max_tokens_out": w.max_tokens_out,
                          "notes": list(w.notes)},
             "fits": self.chosen is not None,
-            "chosen": None, "candidates": [candidate_dict(c) for c in self.result.feasible[:top]],
+            "chosen": None, "candidates": [c.to_dict() for c in self.result.feasible[:top]],
             "no_fit": self.no_fit.to_dict() if self.no_fit else None, "notes": list(self.notes),
         }
         if self.chosen is not None:
-            out["chosen"] = {**candidate_dict(self.chosen), "command": self.serve_command(),
+            out["chosen"] = {**self.chosen.to_dict(), "command": self.serve_command(),
                              "llm_kwargs": self.llm_kwargs(), "yaml": self.yaml_config(),
                              "why": [{"setting": k, "reason": v} for k, v in self.why]}
         return out
-
-
-def command_flags(c: Candidate) -> dict:
-    """The flags of a candidate worth writing: vLLM's defaults left out."""
-    flags = public_flags(c.flags)
-    for key, default in (("pipeline_parallel_size", 1), ("tensor_parallel_size", 1), ("kv_cache_dtype", "auto"),
-                         ("enforce_eager", False), ("cpu_offload_gb", 0)):
-        if flags.get(key) == default:
-            flags.pop(key)
-    return flags
-
-
-def candidate_dict(c: Candidate) -> dict:
-    return {"model": c.checkpoint.model.model_id, "checkpoint": c.checkpoint.label,
-            "other_checkpoint": c.checkpoint.other_checkpoint, "gpus": c.gpus, "flags": command_flags(c),
-            "feasible": c.feasible, "requests_held": round(c.held, 2), "shortfall": c.shortfall, "reason": c.reason,
-            "speed": c.speed.to_dict() if c.speed else None, "prediction": c.report.to_dict()}
 
 
 def _same_but(result: SearchResult, chosen: Candidate, **changes) -> Candidate | None:

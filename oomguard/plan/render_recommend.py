@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
-from oomguard.plan.recommend import Recommendation, command_flags
+from oomguard.plan.recommend import Recommendation
 
 
 def print_recommendation(rec: Recommendation, fmt: str = "table", top: int = 3) -> None:
@@ -84,7 +84,7 @@ def _print_no_fit(console, rec: Recommendation) -> None:
     console.print("\n[bold]Tiering: run it anyway, at a price[/]")
     off = nf.offload
     if off is not None:
-        flags = command_flags(off.candidate)
+        flags = off.candidate.command_flags()
         from oomguard.engines.vllm.flags import format_vllm_command
         console.print(f"  vLLM weight offload: [cyan]--cpu-offload-gb {off.offload_gib_per_gpu}[/] (UVA). {off.verdict}.")
         console.print("  " + format_vllm_command(off.candidate.checkpoint.model.model_id, flags), soft_wrap=True,

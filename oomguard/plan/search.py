@@ -56,6 +56,22 @@ class Candidate:
     def gpus(self) -> int:
         return self.flags["tensor_parallel_size"] * self.flags.get("pipeline_parallel_size", 1)
 
+    def command_flags(self) -> dict:
+        """The vLLM settings worth writing down: no internal keys, no unset values, vLLM's defaults left out."""
+        flags = {k: v for k, v in self.flags.items() if v is not None and k != "usage_context"}
+        for key, default in (("pipeline_parallel_size", 1), ("tensor_parallel_size", 1), ("kv_cache_dtype", "auto"),
+                             ("enforce_eager", False), ("cpu_offload_gb", 0)):
+            if flags.get(key) == default:
+                flags.pop(key)
+        return flags
+
+    def to_dict(self) -> dict:
+        return {"model": self.checkpoint.model.model_id, "checkpoint": self.checkpoint.label,
+                "other_checkpoint": self.checkpoint.other_checkpoint, "gpus": self.gpus,
+                "flags": self.command_flags(), "feasible": self.feasible, "requests_held": round(self.held, 2),
+                "shortfall": self.shortfall, "reason": self.reason,
+                "speed": self.speed.to_dict() if self.speed else None, "prediction": self.report.to_dict()}
+
     def describe(self) -> str:
         """'TP 2, fp8 dyn, fp8 KV' (PP only when used)."""
         f = self.flags

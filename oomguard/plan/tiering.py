@@ -32,7 +32,7 @@ class Change:
     def to_dict(self) -> dict:
         out = {"kind": self.kind, "summary": self.summary}
         if self.candidate is not None:
-            out["flags"] = public_flags(self.candidate.flags)
+            out["flags"] = self.candidate.command_flags()
             out["model"] = self.candidate.checkpoint.model.model_id
         return out
 
@@ -48,7 +48,7 @@ class OffloadPlan:
     verdict: str
 
     def to_dict(self) -> dict:
-        return {"offload_gib_per_gpu": self.offload_gib_per_gpu, "flags": public_flags(self.candidate.flags),
+        return {"offload_gib_per_gpu": self.offload_gib_per_gpu, "flags": self.candidate.command_flags(),
                 "pcie_gb_per_s_assumed": self.pcie_gb_per_s, "uva": self.uva.to_dict(),
                 "prefetch": self.prefetch.to_dict() if self.prefetch else None, "prefetch_flags": self.prefetch_flags,
                 "verdict": self.verdict}
@@ -64,13 +64,8 @@ class NoFit:
 
     def to_dict(self) -> dict:
         llama = self.llamacpp.to_dict() if self.llamacpp is not None and hasattr(self.llamacpp, "to_dict") else None
-        return {"breaks": self.breaks, "changes": [c.to_dict() for c in self.changes],
+        return {"breaks": self.breaks, "closest": self.closest.to_dict() if self.closest else None, "changes": [c.to_dict() for c in self.changes],
                 "cpu_offload": self.offload.to_dict() if self.offload else None, "llamacpp": llama}
-
-
-def public_flags(flags: dict) -> dict:
-    """The vLLM settings to write down (no internal keys, no unset values)."""
-    return {k: v for k, v in flags.items() if v is not None and k != "usage_context"}
 
 
 def describe_break(closest: Candidate | None, workload: Workload, gpu: GpuSpec, gpu_count: int) -> str:
