@@ -136,7 +136,7 @@ def test_smallest_changes_really_fit():
     assert shorter and lower
     tokens = int(shorter[0].summary.split("up to ")[1].split(" ")[0].replace(",", ""))
     concurrency = int(lower[0].summary.split(" ")[0])
-    for wl, fits in ((Workload(tokens, 8), True), (Workload(tokens + 1, 8), False),
+    for wl, fits in ((Workload(tokens, 8), True), (Workload(tokens + 256, 8), False),
                      (Workload(4096, concurrency), True), (Workload(4096, concurrency + 1), False)):
         assert (search(model, gpu, 1, wl, NEWEST).best is not None) is fits, wl
 

@@ -195,6 +195,18 @@ def _configs(model: ModelSpec, gpu: GpuSpec, version: Version, workload: Workloa
     return base
 
 
+def _may_relieve(candidate: Candidate, change: dict) -> bool:
+    """Whether `change` can turn this miss into a fit: it fails in the profile run or graph capture, or it starts
+    with a KV cache a little short that the freed activation or graph memory would go to."""
+    report = candidate.report
+    short_kv = report.starts and (report.cuda_graphs_in_budget or "max_num_batched_tokens" in change)
+    if report.error_class != "oom_profiling_or_graph" and not short_kv:
+        return False
+    if "max_num_batched_tokens" in change:
+        return report.config["max_num_batched_tokens"] > change["max_num_batched_tokens"]
+    return True
+
+
 def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, version: Version,
            objective: str = "fewest-gpus", *, variants: list[ModelSpec] = (), free_memory_bytes: int | None = None,
            usage_context: str = "serve", fixed: dict | None = None) -> SearchResult:
@@ -249,15 +261,13 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
                 if best.feasible or not best.report.starts and best.report.error_class in (
                         "oom_weights_load", "dtype_capability", "context_too_long"):
                     break  # more utilization cannot help these
-            # the profile run or graph capture is what breaks: a smaller prefill chunk shrinks the activation
-            # peak; eager mode frees the graph memory (both cost speed, so only when needed)
+            # still short: a smaller prefill chunk shrinks the profile run's activation peak; eager mode frees
+            # the CUDA-graph memory (in the KV budget from 0.20). Both cost speed, so only when they are needed.
             for change in ({"max_num_batched_tokens": SMALL_PREFILL_CHUNK}, {"enforce_eager": True}):
-                if best.feasible or best.report.error_class != "oom_profiling_or_graph" or \
-                        any(k in fixed for k in change) or \
-                        best.report.config["max_num_batched_tokens"] <= change.get("max_num_batched_tokens", 0):
-                    continue
-                best = evaluate(ckpt, gpu, gpu_count, workload, version, {**best.flags, **change}, free_memory_bytes)
-                evaluations += 1
+                if not best.feasible and not any(k in fixed for k in change) and _may_relieve(best, change):
+                    best = evaluate(ckpt, gpu, gpu_count, workload, version, {**best.flags, **change},
+                                    free_memory_bytes)
+                    evaluations += 1
             results.append(best)
 
     run([fixed.get("pipeline_parallel_size", 1)])

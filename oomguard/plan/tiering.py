@@ -21,6 +21,7 @@ from oomguard.units import GiB
 
 PREFETCH_OFFLOAD_SINCE = (0, 17, 0)   # vllm/model_executor/offloader/prefetch.py first ships in 0.17
 SECONDS_PER_TOKEN_IS_UNUSABLE = 1.0
+CONTEXT_STEP_SEARCH = 256          # granularity of the "shorter context" answer
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,31 @@ def describe_break(closest: Candidate | None, workload: Workload, gpu: GpuSpec, 
             f"short by about {short / GiB:.1f} GiB of KV per GPU")
 
 
+def least_bytes(model: ModelSpec, workload: Workload, kv_bytes: int) -> float:
+    """A lower bound of the memory any configuration needs for the workload: 4-bit weights plus the peak's KV at
+    `kv_bytes` per value (sliding-window layers hold only their window; shared prefixes once)."""
+    from oomguard.plan.speed import parameter_counts
+
+    total_params = parameter_counts(model)[0]
+    tokens = workload.p99_tokens
+    per_token = 0.0
+    for kind in model.layer_attention:
+        if kind == "mla":
+            per_token += (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * kv_bytes
+        else:
+            window = model.sliding_window if kind == "sliding" else model.attention_chunk_size if kind == "chunked" \
+                else None
+            per_token += 2 * model.num_kv_heads * model.head_dim * kv_bytes * (min(tokens, window) / tokens if window
+                                                                                else 1)
+    held_tokens = tokens + (workload.peak_concurrency - 1) * tokens * (1 - workload.prefix_sharing)
+    return total_params * 0.5 + per_token * held_tokens
+
+
 def _first_feasible(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, version: Version,
                     variants, free: int | None, usage_context: str) -> Candidate | None:
+    budget = gpu_count * (free if free is not None else gpu.total_memory_bytes) * 0.95
+    if least_bytes(model, workload, 1 if gpu.supports_fp8 else 2) > budget:
+        return None  # cannot fit, whatever the search tries: skip it
     return search(model, gpu, gpu_count, workload, version, "fewest-gpus", variants=variants,
                   free_memory_bytes=free, usage_context=usage_context).best
 
@@ -138,11 +162,14 @@ def smallest_changes(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: W
                                   f"a 4-bit AWQ/GPTQ checkpoint of {model.model_id} (not in the catalog: its id "
                                   f"usually ends in -AWQ or -GPTQ-Int4) fits on {found.gpus} x {gpu.name} ({found.describe()})", found))
 
-    def fits_tokens(tokens: int) -> bool:
-        return _first_feasible(model, gpu, gpu_count, replace(workload, p99_tokens=tokens, max_tokens_out=None),
+    def fits_tokens(blocks: int) -> bool:  # in steps of CONTEXT_STEP_SEARCH tokens: enough precision, fewer searches
+        return _first_feasible(model, gpu, gpu_count, replace(workload, p99_tokens=blocks * CONTEXT_STEP_SEARCH,
+                                                              max_tokens_out=None),
                                version, variants, free, usage_context) is not None
-    tokens = largest_fitting(1, workload.p99_tokens - 1, fits_tokens) if workload.p99_tokens > 1 else None
-    if tokens:
+    blocks = largest_fitting(1, (workload.p99_tokens - 1) // CONTEXT_STEP_SEARCH, fits_tokens) \
+        if workload.p99_tokens > CONTEXT_STEP_SEARCH else None
+    if blocks:
+        tokens = blocks * CONTEXT_STEP_SEARCH
         changes.append(Change("shorter-context", f"requests up to {tokens:,} tokens (your p99 is "
                               f"{workload.p99_tokens:,}) at {workload.peak_concurrency} at once fit on these GPUs"))
 
