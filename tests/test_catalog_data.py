@@ -15,6 +15,9 @@ import pytest
 
 CATALOG_DIR = Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog"
 TOP_LEVEL_KEYS = {"id", "source_url", "verified_with", "safetensors_total_bytes", "safetensors_source_url", "config"}
+# "assembled" entries (no verbatim config.json found): only the fields the memory model needs, each read from the
+# public sources listed here (source_url first, then the copies it was checked against)
+OPTIONAL_KEYS = {"assembled_from"}
 DECODER_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 FILES = sorted(CATALOG_DIR.glob("*.json"))
@@ -53,7 +56,7 @@ def test_only_json_files_in_catalog():
 def test_entry_schema(path: Path):
     entry = _load(path)
     assert isinstance(entry, dict)
-    assert set(entry) == TOP_LEVEL_KEYS, sorted(set(entry) ^ TOP_LEVEL_KEYS)
+    assert TOP_LEVEL_KEYS <= set(entry) <= TOP_LEVEL_KEYS | OPTIONAL_KEYS, sorted(set(entry) ^ TOP_LEVEL_KEYS)
 
     model_id = entry["id"]
     assert isinstance(model_id, str) and model_id.count("/") == 1, model_id
@@ -67,6 +70,13 @@ def test_entry_schema(path: Path):
         assert _is_url(url), url
     assert entry["source_url"] not in entry["verified_with"], "a copy cannot verify itself"
     assert len(set(entry["verified_with"])) == len(entry["verified_with"])
+
+    if "assembled_from" in entry:
+        sources = entry["assembled_from"]
+        assert isinstance(sources, list) and len(sources) >= 2, "an assembled entry needs at least two sources"
+        assert all(_is_url(url) for url in sources), sources
+        assert len(set(sources)) == len(sources)
+        assert set(sources) == {entry["source_url"], *entry["verified_with"]}, "assembled_from = source_url + verified_with"
 
     total = entry["safetensors_total_bytes"]
     if total is None:
