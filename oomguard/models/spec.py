@@ -313,6 +313,17 @@ def _vision_spec(cfg: dict) -> VisionSpec | None:
     return VisionSpec(params=params, note=f"vision tower estimated from vision_config ({depth} blocks of width {hidden})")
 
 
+# Fields a published config.json may leave out because transformers' config class supplies them; vLLM reads the
+# config through that class, so the defaults are part of the model (transformers/models/<type>/configuration_*.py).
+_TRANSFORMERS_DEFAULTS = {
+    # configuration_gemma3.py Gemma3TextConfig.__init__ (transformers 4.50)
+    "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 4096,
+                    "sliding_window_pattern": 6},
+}
+
+
 def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = None, source: str = "") -> ModelSpec:
     """Build a ModelSpec from a decoded config.json. Raises UsageError / NotSupportedError with what to do."""
     if not isinstance(config, dict):
@@ -320,6 +331,9 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     top = config
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = str(text.get("model_type") or top.get("model_type") or "")
+    if top.get("model_type") == "gemma3" and not text.get("model_type"):
+        model_type = "gemma3_text"   # Gemma3Config builds its text_config as a Gemma3TextConfig
+    text = {**_TRANSFORMERS_DEFAULTS.get(model_type, {}), **text}
     top_type = str(top.get("model_type") or model_type)
     if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
             or text.get("hybrid_override_pattern") or text.get("linear_attn_config"):
