@@ -3,6 +3,8 @@
 Each file is one Hugging Face checkpoint: its config.json verbatim under "config", plus where that copy came
 from ("source_url"), the independent copies it was compared with ("verified_with") and, when a public
 model.safetensors.index.json was read, its metadata.total_size ("safetensors_total_bytes").
+Where no verbatim copy exists, an "assembled" entry keeps only the fields the memory model needs, each read from
+public sources, and lists them all in "assembled_from" (source_url plus the verified_with sources that agree).
 These tests check the shape of the data only; the planner's use of it is tested elsewhere.
 """
 
@@ -15,6 +17,9 @@ import pytest
 
 CATALOG_DIR = Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog"
 TOP_LEVEL_KEYS = {"id", "source_url", "verified_with", "safetensors_total_bytes", "safetensors_source_url", "config"}
+# An "assembled" entry holds only the fields the memory model needs, each read from public sources where no
+# verbatim config.json copy was found; it lists every source it used (at least two that agree).
+OPTIONAL_KEYS = {"assembled_from"}
 # "assembled" entries (no verbatim config.json found): only the fields the memory model needs, each read from the
 # public sources listed here (source_url first, then the copies it was checked against)
 OPTIONAL_KEYS = {"assembled_from"}
@@ -84,6 +89,22 @@ def test_entry_schema(path: Path):
     else:
         assert isinstance(total, int) and not isinstance(total, bool) and total > 0, total
         assert _is_url(entry["safetensors_source_url"]), entry["safetensors_source_url"]
+
+
+ASSEMBLED = [p for p in FILES if "assembled_from" in _load(p)]
+
+
+@pytest.mark.parametrize("path", ASSEMBLED, ids=[p.stem for p in ASSEMBLED])
+def test_assembled_entry_lists_its_sources(path: Path):
+    entry = _load(path)
+    sources = entry["assembled_from"]
+    assert isinstance(sources, list) and len(sources) >= 2, sources
+    for url in sources:
+        assert _is_url(url), url
+    assert len(set(sources)) == len(sources), "duplicate source"
+    assert entry["source_url"] in sources
+    assert entry["verified_with"], "an assembled entry needs an independent second source"
+    assert set(entry["verified_with"]) <= set(sources), set(entry["verified_with"]) - set(sources)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
