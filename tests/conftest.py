@@ -124,3 +124,30 @@ def vllm_simulator_module(tmp_path_factory):
     yield _sim_factory(tmp_path_factory.mktemp("simulate"), sims)
     for sim in sims:
         sim.stop()
+
+
+# ---- llama.cpp fit tools (tests/test_llamacpp_fit.py) ----------------------------------------------------
+
+@pytest.fixture(scope="session")
+def llama_fit_tools() -> dict:
+    """{"llama-fit-params": Path, "ggml-rpc-server": Path, "llama-quantize": Path}, built with llama-server's
+    cache (one extra build the first time on a cache made before these tools were added)."""
+    from oomguard.engines.llamacpp.build import BuildError, ensure_fit_tools
+
+    try:
+        return ensure_fit_tools()
+    except BuildError as exc:
+        pytest.fail(f"the llama.cpp fit tools are needed by this test and could not be built: {exc}", pytrace=False)
+
+
+SMALL_GGUF_CONFIG = dict(n_layer=12, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_ctx_train=8192)
+
+
+@pytest.fixture(scope="session")
+def small_gguf(llama_fit_tools, tmp_path_factory) -> Path:
+    """A small real F16 llama GGUF (12 layers, hidden 256, FFN 768, 4 heads / 2 KV heads, 32,000-token vocab,
+    random weights, about 51 MB) with row lengths that every K-quant accepts."""
+    from oomguard.engines.llamacpp.build import vocab_path
+    from oomguard.engines.llamacpp.tinymodel import TinyConfig, ensure_tiny_gguf
+
+    return ensure_tiny_gguf(vocab_path(), tmp_path_factory.mktemp("small-model"), TinyConfig(**SMALL_GGUF_CONFIG))

@@ -152,6 +152,59 @@ class FakeEngine:
             self.active -= 1
 
 
+
+class IdleClosingEngine:
+    """A raw HTTP/1.1 engine that closes a keep-alive connection, without answering, when a second inference
+    request arrives on it: the race of a server closing an idle connection just as the client reuses it."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.answered = 0
+        self.dropped = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        inference = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                await reader.readexactly(length)
+                path = head.split(b" ", 2)[1]
+                if path == b"/metrics":
+                    body = b'vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:num_requests_running{engine="0"} 0\n'
+                elif path == b"/v1/models":
+                    body = b'{"object":"list","data":[{"id":"fake-model","max_model_len":4096}]}'
+                else:
+                    inference += 1
+                    if inference > 1:
+                        self.dropped += 1
+                        writer.close()
+                        return
+                    self.answered += 1
+                    body = b'{"choices":[{"index":0,"text":"hello"}]}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def __aenter__(self) -> "IdleClosingEngine":
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
 async def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

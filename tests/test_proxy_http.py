@@ -15,7 +15,7 @@ from oomguard.proxy.admission import Limits
 from oomguard.proxy.command import running_proxy
 from oomguard.proxy.server import ProxyConfig
 from oomguard.proxy.upstreams import parse_upstream
-from test_proxy_fakes import FakeEngine, wait_until
+from test_proxy_fakes import FakeEngine, IdleClosingEngine, wait_until
 
 POLL = 0.1
 
@@ -286,6 +286,22 @@ def test_request_on_dead_pooled_connection_is_requeued_not_lost() -> None:
             async with restarted:  # back before the poller noticed: the pooled connection is stale
                 async with s.post(url + "/v1/completions", json=completion()) as r:
                     assert r.status == 200
+    run(scenario())
+
+
+
+def test_keep_alive_closed_by_the_engine_is_retried_at_once() -> None:
+    async def scenario():
+        engine = IdleClosingEngine()
+        async with engine, running_proxy(config_for(engine)) as (server, url), aiohttp.ClientSession() as s:
+            for _ in range(3):  # each reuse of a pooled connection meets a close: retried on a fresh one
+                async with s.post(url + "/v1/completions", json=completion()) as r:
+                    assert r.status == 200 and (await r.json())["choices"][0]["text"] == "hello"
+            assert engine.answered == 3 and engine.dropped >= 1
+            name = engine_name(engine)
+            assert not server.controller.upstreams[name].down  # not taken for a dead engine
+            async with s.get(url + "/metrics") as r:
+                assert "before_response" not in await r.text()
     run(scenario())
 
 

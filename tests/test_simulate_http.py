@@ -99,6 +99,18 @@ def test_streaming_completion_and_chat(sim):
     assert body["usage"]["prompt_tokens"] == 1 + 4 + 5 * 2 + 3  # template + "be brief" + "hi"
 
 
+def test_tokenize_counts_what_the_engine_will_count(sim):
+    text = "Hello, world: how are you?"
+    status, body = _post(sim.url + "/tokenize", {"model": "sim-model", "prompt": text})
+    assert status == 200 and body["count"] == 8 == len(body["tokens"]) and body["max_model_len"] == 2048
+    done = _post(sim.url + "/v1/completions", {"prompt": text, "max_tokens": 1})[1]
+    assert done["usage"]["prompt_tokens"] == body["count"]
+    messages = [{"role": "user", "content": "hi there"}]
+    chat = _post(sim.url + "/tokenize", {"messages": messages})[1]["count"]
+    assert chat == _post(sim.url + "/v1/chat/completions", {"messages": messages, "max_tokens": 1})[1]["usage"][
+        "prompt_tokens"]
+
+
 def test_context_length_400_in_vllm_words(sim):
     status, body = _post(sim.url + "/v1/completions", {"prompt": "word " * 2000, "max_tokens": 100})
     assert status == 400
@@ -245,6 +257,36 @@ def test_startup_lines_carry_the_kv_facts(vllm_simulator):
     assert "Application startup complete." in out
     sim_v0 = vllm_simulator(num_gpu_blocks=400, max_model_len=2048, vllm_version="0.6.6")
     assert "# GPU blocks: 400, # CPU blocks: 2048" in sim_v0.output()
+
+
+def test_oomguard_diagnose_reads_the_simulators_logs(vllm_simulator, tmp_path):
+    """Startup lines give diagnose the KV facts; the crash-mode traceback is a runtime CUDA OOM to it."""
+    sim = vllm_simulator(num_gpu_blocks=65, max_model_len=512, speed=50, vllm_version="0.10.1",
+                         crash_on_kv_exhaustion=True)
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def one():
+                try:
+                    async with session.post(sim.url + "/v1/completions",
+                                            json={"prompt": "w " * 100, "max_tokens": 300}) as resp:
+                        await resp.read()
+                except aiohttp.ClientError:
+                    pass
+            await asyncio.gather(*(one() for _ in range(8)))
+
+    asyncio.run(go())
+    assert sim.wait(timeout=30) == 1
+    log = tmp_path / "sim.log"
+    log.write_text(sim.output())
+    done = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", str(log), "--json", "--no-planner"],
+                          capture_output=True, text=True, timeout=60)
+    report = json.loads(done.stdout)
+    facts = report["facts"]
+    assert facts["engine"] == "vllm" and facts["vllm_version"] == "0.10.1" and facts["max_model_len"] == 512
+    assert facts["kv_cache_tokens"] == 65 * 16 and facts["block_size"] == 16
+    assert "speed" not in facts.get("non_default_args", {})  # only vLLM's own flags in the args line
+    assert done.returncode == 1 and report["findings"][0]["class"] == "oom_runtime"
 
 
 def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

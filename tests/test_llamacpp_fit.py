@@ -1,0 +1,196 @@
+"""llama.cpp tiering plan (oomguard/engines/llamacpp/fit.py): GGUF sizes, KV cache, layer split, speed, command.
+
+The pure tests check the arithmetic against the model's config; the engine tests check it against llama.cpp
+itself, built from the llama-cpp-python source package:
+- `llama-quantize` on a small real GGUF: the type of every tensor and the file's tensor bytes, per mix;
+- `llama-fit-params` (llama.cpp's own fit logic) on an emulated device of known size (ggml-rpc-server, see
+  fitcheck.py): the -ngl it picks vs ours, on the small real GGUF and on shape-only GGUFs of full-size models.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from oomguard.engines.llamacpp import fit
+from oomguard.engines.llamacpp.quant import GGML_TYPES, choose_types, tensor_bytes
+from oomguard.engines.llamacpp.tensors import gguf_tensors, mix_context
+from oomguard.errors import UsageError
+from oomguard.models.load import load_model
+from oomguard.models.spec import parse_config
+from oomguard.units import GiB, MiB
+
+LLAMA8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def small_spec(n_layer=12, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_ctx_train=8192):
+    """The ModelSpec of tests/conftest.py's small_gguf (and of any TinyConfig)."""
+    return parse_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": n_embd,
+                         "intermediate_size": n_ff, "num_hidden_layers": n_layer, "num_attention_heads": n_head,
+                         "num_key_value_heads": n_head_kv, "vocab_size": 32000, "torch_dtype": "float16",
+                         "max_position_embeddings": n_ctx_train, "tie_word_embeddings": False}, "small-llama")
+
+
+# ---------------------------------------------------------------- pure
+
+def test_type_table_matches_ggml_block_sizes_of_the_gguf_package():
+    gguf = pytest.importorskip("gguf")
+    sizes = {k.name: v for k, v in gguf.GGML_QUANT_SIZES.items()}
+    for name, (block, size) in GGML_TYPES.items():
+        assert sizes[name] == (block, size), name
+
+
+def test_bits_per_weight_of_common_types():
+    from oomguard.engines.llamacpp.quant import bits_per_weight
+    assert bits_per_weight("Q4_K") == 4.5 and bits_per_weight("Q8_0") == 8.5 and bits_per_weight("Q6_K") == 6.5625
+
+
+def test_k_quant_mix_puts_more_bits_where_llama_quantize_does():
+    m = load_model(LLAMA8B)
+    tensors = gguf_tensors(m)
+    types = dict(zip((t.name for t in tensors), choose_types(tensors, "Q4_K_M", mix_context(m))))
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    n = m.num_layers
+    for i in range(n):  # use_more_bits: first and last eighth, and every third layer in between
+        more = i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+        assert types[f"blk.{i}.ffn_down.weight"] == ("Q6_K" if more else "Q4_K")
+        assert types[f"blk.{i}.attn_v.weight"] == ("Q6_K" if more else "Q4_K")
+        assert types[f"blk.{i}.attn_q.weight"] == "Q4_K"
+
+
+def test_file_size_falls_with_the_quantization_ladder():
+    m = load_model(LLAMA8B)
+    sizes = [fit.gguf_weights(m, q).file_bytes for q in ("BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")]
+    assert sizes == sorted(sizes, reverse=True)
+    w = fit.gguf_weights(m, "BF16")
+    one_d = sum(t.shape[0] for t in gguf_tensors(m) if len(t.shape) == 1)
+    assert w.file_bytes == 2 * w.params + 2 * one_d  # matrices 2 bytes, 1-D tensors (norms) F32: 4 bytes
+    assert 4.4 < fit.gguf_weights(m, "Q4_K_M").bits_per_weight < 5.0
+
+
+def test_tied_embeddings_have_no_output_tensor_and_count_once_in_the_file():
+    m = load_model("meta-llama/Llama-3.2-1B-Instruct")
+    assert m.tie_word_embeddings
+    names = [t.name for t in gguf_tensors(m)]
+    assert "output.weight" not in names
+    w = fit.gguf_weights(m, "Q4_K_M")
+    assert w.tied and w.output_matrix_bytes == w.token_embd_bytes
+    assert w.file_bytes == sum(w.layer_bytes) + w.token_embd_bytes + w.output_norm_bytes
+    types = dict(zip(names, choose_types(gguf_tensors(m), "Q4_K_M", mix_context(m))))
+    assert types["token_embd.weight"] == "Q6_K"  # quantized as the output it also is
+
+
+def test_kv_cache_padding_slots_and_types():
+    m = load_model(LLAMA8B)
+    per_token_f16 = 2 * m.num_kv_heads * m.head_dim * 2  # K and V, f16, one layer
+    kv = fit.kv_cache(m, 8000, 4)
+    assert kv.n_ctx == 8192 and kv.n_ctx_seq == 2048  # padded to 256; one stream of n_ctx/np per slot
+    assert kv.total_bytes == per_token_f16 * m.num_layers * 8192
+    q8 = fit.kv_cache(m, 8000, 4, "q8_0", "q8_0")
+    assert q8.total_bytes == kv.total_bytes * 34 // 64  # 34 bytes per 32 values vs 64
+    q4 = fit.kv_cache(m, 8000, 4, "q4_0", "q4_0")
+    assert q4.total_bytes == kv.total_bytes * 18 // 64
+    odd = fit.kv_cache(m, 1000, 3)  # 1024 / 3 = 341 -> 512 per slot
+    assert odd.n_ctx_seq == 512 and odd.n_ctx == 1536
+    with pytest.raises(UsageError):
+        fit.kv_cache(m, 1024, 1, "q5_9")
+
+
+def test_sliding_window_layers_hold_window_plus_ubatch_cells():
+    m = load_model("google/gemma-2-9b-it")
+    kv = fit.kv_cache(m, 32768, 1)
+    per_layer_token = 2 * m.num_kv_heads * m.head_dim * 2
+    for kind, size in zip(m.layer_attention, kv.layer_bytes):
+        cells = 32768 if kind == "full" else 4096 + 512  # pad256(min(n_ctx_seq, n_swa + n_ubatch))
+        assert size == per_layer_token * cells
+    short = fit.kv_cache(m, 2048, 1)
+    assert len(set(short.layer_bytes)) == 1  # below the window every layer holds the whole context
+
+
+def test_split_places_the_last_layers_and_then_the_output_on_the_gpu():
+    m = load_model(LLAMA8B)
+    w = fit.gguf_weights(m, "Q4_K_M")
+    kv = fit.kv_cache(m, 8192, 1)
+    prev = None
+    for ngl in range(m.num_layers + 2):
+        s = fit.split_for(m, w, kv, ngl, flash_attn=False)
+        assert s.gpu_weights_bytes + s.cpu_weights_bytes == w.file_bytes + (w.output_matrix_bytes if w.tied and s.output_on_gpu else 0)
+        assert s.gpu_kv_bytes == sum(kv.layer_bytes[m.num_layers - min(ngl, m.num_layers):])
+        if prev:
+            assert s.gpu_bytes >= prev.gpu_bytes and s.cpu_weights_bytes <= prev.cpu_weights_bytes
+        prev = s
+    assert not fit.split_for(m, w, kv, 32, flash_attn=False).output_on_gpu
+    assert fit.split_for(m, w, kv, 33, flash_attn=False).full_offload
+
+
+def test_largest_ngl_fits_the_target_and_one_more_does_not():
+    m = load_model(LLAMA8B)
+    w = fit.gguf_weights(m, "Q4_K_M")
+    kv = fit.kv_cache(m, 8192, 2, "q8_0", "q8_0")
+    for free_gib in (2, 3, 4.5, 6):
+        free = int(free_gib * GiB)
+        s = fit.max_gpu_layers(m, w, kv, free, flash_attn=True)
+        assert s.gpu_bytes <= free - fit.DEFAULT_MARGIN_BYTES
+        more = fit.split_for(m, w, kv, s.n_gpu_layers + 1, flash_attn=True)
+        assert more.gpu_bytes > free - fit.DEFAULT_MARGIN_BYTES
+    assert fit.max_gpu_layers(m, w, kv, 80 * GiB, flash_attn=True).full_offload
+    assert fit.max_gpu_layers(m, w, kv, 1 * GiB, flash_attn=True).n_gpu_layers == 0
+
+
+def test_speed_is_a_roofline_bound_and_cpu_bytes_dominate():
+    m = load_model("meta-llama/Llama-3.1-70B-Instruct")
+    p = fit.plan(m, 24 * GiB, n_ctx_per_slot=4096, quantization="Q4_K_M", cache_type="q8_0",
+                 gpu_bandwidth=1008e9, cpu_bandwidth=60e9, gpu_flops=165e12, pcie_bandwidth=25e9)
+    assert not p.fits_on_gpu and 0 < p.split.n_gpu_layers < m.num_layers
+    s = p.speed
+    # no faster than streaming the CPU-resident weights once per token at the stated CPU bandwidth
+    assert s.decode_tokens_per_s <= 60e9 / p.split.cpu_weights_bytes
+    assert s.bound == "CPU memory bandwidth"
+    assert s.decode_tokens_per_s_all_slots >= s.decode_tokens_per_s * 0.999
+    assert s.prefill_tokens_per_s <= 512 * 25e9 / p.split.cpu_weights_bytes  # CPU weights cross PCIe per ubatch
+    slow_cpu = fit.plan(m, 24 * GiB, n_ctx_per_slot=4096, quantization="Q4_K_M", cache_type="q8_0",
+                        gpu_bandwidth=1008e9, cpu_bandwidth=30e9)
+    assert slow_cpu.speed.decode_tokens_per_s < s.decode_tokens_per_s
+
+
+def test_a_70b_fp16_plan_says_it_is_seconds_per_token():
+    m = load_model("meta-llama/Llama-3.1-70B-Instruct")
+    p = fit.plan(m, 24 * GiB, n_ctx_per_slot=4096, quantization="BF16", gpu_bandwidth=1008e9)
+    assert p.speed.seconds_per_token > 1.0
+    assert "s per token" in p.verdict and "rules out" in p.verdict
+
+
+def test_plan_picks_best_quality_that_fits_fully_else_q4_k_m_partial():
+    from oomguard.gpus.catalog import resolve_gpu
+    from oomguard.plan.workload import Workload
+
+    gpu = resolve_gpu("rtx4090")
+    small = fit.plan_for_workload(load_model(LLAMA8B), gpu, Workload(p99_tokens=4000, peak_concurrency=2))
+    assert small.fits_on_gpu and small.quantization == "BF16"
+    big = fit.plan_for_workload(load_model("meta-llama/Llama-3.1-70B-Instruct"), gpu,
+                                Workload(p99_tokens=8000, peak_concurrency=2))
+    assert not big.fits_on_gpu and big.quantization == "Q4_K_M" and big.cache_type_k == "q8_0"
+    assert big.alternatives and all("n_gpu_layers" in a for a in big.alternatives)
+    shared = fit.plan_for_workload(load_model(LLAMA8B), gpu, Workload(p99_tokens=4000, peak_concurrency=2),
+                                   free_memory_bytes=8 * GiB)
+    assert shared.gpu_free_bytes == 8 * GiB and shared.quantization != "BF16"
+    d = json.loads(json.dumps(big.to_dict()))
+    assert d["n_gpu_layers"] == big.split.n_gpu_layers and d["command"].startswith("llama-server -m ")
+    cmd = big.command().split()
+    assert cmd[cmd.index("-ngl") + 1] == str(big.split.n_gpu_layers)
+    assert cmd[cmd.index("-c") + 1] == str(big.n_ctx) and cmd[cmd.index("-np") + 1] == "2"
+    assert cmd[cmd.index("--cache-type-v") + 1] == "q8_0" and cmd[cmd.index("-fa") + 1] == "on"
+    assert big.n_ctx == 2 * 8192  # p99 8000 rounded up to 256 per slot, two slots
+
+
+def test_bad_input_is_a_usage_error():
+    m = load_model(LLAMA8B)
+    with pytest.raises(UsageError):
+        fit.gguf_weights(m, "Q4_K_Z")
+    with pytest.raises(UsageError):
+        fit.plan_config(m, 8 * GiB, quantization="Q4_K_M", n_ctx_per_slot=0)
+    with pytest.raises(UsageError):
+        fit.plan_config(m, 8 * GiB, quantization="Q4_K_M", n_ctx_per_slot=1024, cache_type="q8_0", flash_attn=False)
