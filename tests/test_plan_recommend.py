@@ -117,9 +117,14 @@ def test_cannot_fit_anywhere_gives_a_tiering_plan_with_a_slowdown():
     floor_ms = offload["offload_gib_per_gpu"] * GiB / (offload["pcie_gb_per_s_assumed"] * 1e9) * 1e3
     assert offload["uva"]["step_ms"] >= floor_ms
     assert "s per token" in offload["verdict"] and "not usable" in offload["verdict"]
+    llama = nf["llamacpp"]   # the GGUF tier: part of the layers on the GPU, the rest in host RAM
+    assert 0 < llama["n_gpu_layers"] < 81 and not llama["fits_on_gpu"]
+    assert f"-ngl {llama['n_gpu_layers']}" in llama["command"] and llama["command"].startswith("llama-server")
+    assert llama["speed"]["decode_tokens_per_s"] > 0
     human = oomguard("plan", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "rtx4090", "--p99-tokens", "4096",
                      "--peak-concurrency", "4")
     assert human.returncode == 1 and "Nothing fits" in human.stdout and "--cpu-offload-gb" in human.stdout
+    assert "llama-server -m" in human.stdout
 
 
 def test_smallest_changes_really_fit():

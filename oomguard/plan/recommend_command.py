@@ -45,6 +45,7 @@ def _machine(args: argparse.Namespace):
 
 
 def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -> int:
+    from oomguard.engines.llamacpp.fit import plan_for_workload
     from oomguard.engines.vllm.versions import NEWEST, parse_version
     from oomguard.gpus.catalog import list_gpus
     from oomguard.models.variants import precision_variants
@@ -69,18 +70,9 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -
     variants = [] if args.no_other_checkpoints or model.quant else precision_variants(model)
     rec = recommend(model, gpu, gpu_count, workload, version, args.objective, variants=variants,
                     free_memory_bytes=free, usage_context=fixed.pop("usage_context", "serve"), fixed=fixed,
-                    gpus=list_gpus(), llamacpp_planner=_llamacpp_planner())
+                    gpus=list_gpus(), llamacpp_planner=plan_for_workload)
     if notes:
         from dataclasses import replace
         rec = replace(rec, notes=rec.notes + notes)
     print_recommendation(rec, "json" if args.json else args.format, args.top)
     return 0 if rec.chosen is not None else 1
-
-
-def _llamacpp_planner():
-    """The llama.cpp tier's planner, when that module is present."""
-    try:
-        from oomguard.plan.llamacpp_tier import plan_for_workload
-    except ImportError:
-        return None
-    return plan_for_workload

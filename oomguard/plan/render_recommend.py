@@ -100,6 +100,7 @@ def _print_no_fit(console, rec: Recommendation) -> None:
         console.print("  vLLM weight offload: none helps (the KV cache of your peak alone does not fit)")
     llama = nf.llamacpp
     if llama is not None and hasattr(llama, "summary"):
-        console.print(f"  llama.cpp: {llama.summary()}")
+        assumed = f" (host RAM at ~{llama.speed.cpu_bandwidth_bytes_per_s / 1e9:.0f} GB/s assumed)" if llama.speed else ""
+        console.print(f"  llama.cpp: {llama.summary()}{assumed}")
         if hasattr(llama, "command"):
             console.print("  " + llama.command(), soft_wrap=True, highlight=False)
