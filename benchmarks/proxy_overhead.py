@@ -5,21 +5,26 @@ One run, one machine, one fast local upstream (a raw-asyncio OpenAI-like server 
 and streams SSE at a fixed pace), four ways to reach it:
 
   direct      the client talks to the upstream
-  oomguard    `oomguard proxy --upstream ...` (admission control on, access log on, as shipped)
+  oomguard    `oomguard proxy --upstream ...` (admission control on, as shipped; --log-level warning, so
+              no access-log lines, like nginx's `access_log off`)
+  oomguard-2w the same with `--workers 2` (two processes on one port, SO_REUSEPORT)
   nginx       Debian's nginx as a plain reverse proxy (proxy_buffering off, keep-alive upstream pool)
   litellm     LiteLLM's proxy (`pip install 'litellm[proxy]'`), an `openai/` model pointing at the upstream
 
 Phases, per target:
   latency     100 concurrent SSE streams (5 events 20 ms apart each), closed loop: time to first byte and to
               the last byte per request; "added" = the target's percentile minus direct's
-  throughput  small non-streaming completions, closed loop at 32 and 128 connections: the higher req/s
+  throughput  small non-streaming completions, closed loop at 32 and 128 connections: the higher req/s,
+              and the CPU time the proxy's processes spent per request (the figure other jobs on a shared
+              machine disturb least)
   memory      (oomguard only) 100,000 requests; the proxy's RSS after a 5,000-request warm-up and at the end
 
 Usage:
-  python benchmarks/proxy_overhead.py [--targets direct,oomguard,nginx,litellm] [--litellm-venv /tmp/litellm-venv]
-         [--json out.json] [--quick]
-nginx must be on PATH (apt-get install nginx-light); LiteLLM in a venv (python -m venv /tmp/litellm-venv &&
-/tmp/litellm-venv/bin/pip install 'litellm[proxy]'). Missing ones are reported, not faked.
+  python benchmarks/proxy_overhead.py [--targets direct,oomguard,oomguard-2w,nginx,litellm]
+         [--litellm-venv VENV] [--baseline OTHER_CHECKOUT] [--json out.json] [--quick]
+nginx must be on PATH (apt-get install nginx-light); LiteLLM in a venv of its own (python -m venv VENV &&
+VENV/bin/pip install 'litellm[proxy]'; --litellm-venv or $LITELLM_VENV). Missing ones are reported, not faked.
+The `baseline` target runs the proxy of another checkout (--baseline DIR) in the same run, for before/after.
 Internally the same file is also the upstream (`_upstream PORT`) and the load generator (`_load JSON`).
 """
 
@@ -207,7 +212,8 @@ async def _load(spec: dict) -> dict:
     elapsed = (time.perf_counter() - t_measure) if limit is not None else duration
     ttfb = sorted(s[0] for s in samples)
     total = sorted(s[1] for s in samples)
-    return {"n": len(samples), "errors": errors, "rps": len(samples) / elapsed if elapsed > 0 else 0.0,
+    return {"n": len(samples), "sent": done, "errors": errors,
+            "rps": len(samples) / elapsed if elapsed > 0 else 0.0,
             "ttfb_p50_ms": _pct(ttfb, 50), "ttfb_p99_ms": _pct(ttfb, 99),
             "total_p50_ms": _pct(total, 50), "total_p99_ms": _pct(total, 99)}
 
@@ -272,16 +278,21 @@ class Target:
         self.note = note
 
 
-def start_oomguard(upstream_port: int, tmp: Path, env_extra: dict | None = None) -> Target:
+def start_oomguard(upstream_port: int, tmp: Path, env_extra: dict | None = None, workers: int = 1,
+                   source: Path = REPO) -> Target:
     port = free_port()
     log = open(tmp / "oomguard.log", "w")
     env = dict(os.environ, **(env_extra or {}))
+    if source != REPO:  # another checkout (--baseline): its package first on the path
+        env["PYTHONPATH"] = str(source) + os.pathsep + env.get("PYTHONPATH", "")
+    extra = ["--workers", str(workers)] if workers > 1 else []
     proc = subprocess.Popen([sys.executable, "-m", "oomguard", "proxy", "--upstream",
                              f"http://127.0.0.1:{upstream_port}", "--listen", f"127.0.0.1:{port}",
-                             "--max-in-flight", "1024", "--log-level", "warning"],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+                             "--max-in-flight", "1024", "--log-level", "warning", *extra],
+                            cwd=source, stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_http(f"http://127.0.0.1:{port}/health")
-    return Target("oomguard", port, proc, pid_for_rss=proc.pid)
+    time.sleep(0.5 if workers > 1 else 0)  # every worker up, not only the first to answer
+    return Target("oomguard", port, proc, pid_for_rss=proc.pid, note=f"{workers} workers" if workers > 1 else "")
 
 
 def start_nginx(upstream_port: int, tmp: Path) -> Target | str:
@@ -317,7 +328,7 @@ def start_nginx(upstream_port: int, tmp: Path) -> Target | str:
     proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(tmp)], stdout=subprocess.DEVNULL,
                             stderr=open(tmp / "nginx.out", "w"))
     wait_http(f"http://127.0.0.1:{port}/health", timeout=20)
-    return Target("nginx", port, proc)
+    return Target("nginx", port, proc, pid_for_rss=proc.pid)
 
 
 def start_litellm(upstream_port: int, tmp: Path, venv: Path) -> Target | str:
@@ -349,7 +360,34 @@ def start_litellm(upstream_port: int, tmp: Path, venv: Path) -> Target | str:
     except RuntimeError as exc:
         proc.kill()
         return f"LiteLLM did not start: {exc}"
-    return Target("litellm", port, proc, headers={"Authorization": f"Bearer {key}"}, note="1 worker")
+    return Target("litellm", port, proc, headers={"Authorization": f"Bearer {key}"}, note="1 worker",
+                  pid_for_rss=proc.pid)
+
+
+def tree_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of `pid` and all its descendants (nginx's and --workers' children)."""
+    if pid is None:
+        return None
+    stats: dict[int, tuple[int, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rfind(")") + 2:].split()
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen or p not in stats:
+            continue
+        seen.add(p)
+        total += stats[p][1]
+        todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
+    return total
 
 
 def load(target: Target, concurrency: int, duration: float, warmup: float, stream: bool,
@@ -358,11 +396,18 @@ def load(target: Target, concurrency: int, duration: float, warmup: float, strea
             "body": {"model": target.model, "prompt": "Say hello", "max_tokens": 8, "stream": stream},
             "headers": target.headers, "concurrency": concurrency, "duration": duration, "warmup": warmup,
             "requests": requests}
+    cpu_before = tree_cpu_s(target.pid)
     out = subprocess.run([sys.executable, __file__, "_load", json.dumps(spec)], capture_output=True, text=True,
                          timeout=duration + warmup + 600)
+    cpu = None if cpu_before is None else tree_cpu_s(target.pid) - cpu_before
     if out.returncode != 0:
         raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if cpu is not None and result.get("sent"):
+        # CPU seconds the proxy (all its processes) spent per request sent, warm-up included: the figure
+        # least disturbed by other jobs on the machine
+        result["proxy_cpu_us_per_req"] = round(cpu / result["sent"] * 1e6, 1)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         run_load(argv[1])
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default="direct,oomguard,nginx,litellm")
-    ap.add_argument("--litellm-venv", default="/tmp/litellm-venv")
+    ap.add_argument("--targets", default="direct,oomguard,oomguard-2w,nginx,litellm")
+    ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "litellm-venv"))
+    ap.add_argument("--baseline", metavar="DIR", help="another oomguard checkout, measured as the `baseline` target")
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--duration", type=float, default=8.0, help="seconds measured per phase")
     ap.add_argument("--memory-requests", type=int, default=100_000)
@@ -402,6 +448,14 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "oomguard-asyncio":  # the same without uvloop, to justify the choice
                 t = start_oomguard(up_port, tmp, {"OOMGUARD_NO_UVLOOP": "1"})
                 t.name = name
+            elif name.startswith("oomguard-") and name.endswith("w") and name[9:-1].isdigit():
+                t = start_oomguard(up_port, tmp, workers=int(name[9:-1]))
+                t.name = name
+            elif name == "baseline":  # another checkout of oomguard, for before/after comparisons
+                if not args.baseline:
+                    raise SystemExit("the baseline target needs --baseline DIR (a checkout of oomguard)")
+                t = start_oomguard(up_port, tmp, source=Path(args.baseline).resolve())
+                t.name, t.note = name, Path(args.baseline).name
             elif name == "nginx":
                 t = start_nginx(up_port, tmp)
             elif name == "litellm":
@@ -424,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
                 if best is None or tp["rps"] > best["rps"]:
                     best = tp
             r["throughput"] = best
-            if name.startswith("oomguard") and t.pid and args.memory_requests:
+            if name == "oomguard" and t.pid and args.memory_requests:
                 load(t, 64, 0, 0, stream=False, requests=5_000)
                 before = rss_kib(t.pid)
                 m = load(t, 64, 0, 0, stream=False, requests=args.memory_requests)
@@ -482,8 +536,8 @@ def render(results: dict, skipped: dict, args) -> str:
              f"{args.streams} concurrent SSE streams ({STREAM_EVENTS} events, {STREAM_GAP_S * 1000:.0f} ms apart)",
              "",
              "| path | TTFB p50 / p99 (ms) | added p50 / p99 (ms) | stream p50 / p99 (ms) | added p50 / p99 (ms) "
-             "| max req/s (conns) | vs nginx | vs LiteLLM | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| max req/s (conns) | CPU us/req | vs nginx | vs LiteLLM | errors |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         lat, tp = r["latency"], r["throughput"]
         vs_nginx = f"{tp['rps'] / nginx_rps:.0%}" if nginx_rps else "-"
@@ -493,7 +547,7 @@ def render(results: dict, skipped: dict, args) -> str:
             f"| {label} | {lat['ttfb_p50_ms']:.2f} / {lat['ttfb_p99_ms']:.2f} | {add(lat, 'ttfb_p50_ms')} / "
             f"{add(lat, 'ttfb_p99_ms')} | {lat['total_p50_ms']:.2f} / {lat['total_p99_ms']:.2f} | "
             f"{add(lat, 'total_p50_ms')} / {add(lat, 'total_p99_ms')} | {tp['rps']:.0f} ({tp['concurrency']}) | "
-            f"{vs_nginx} | {vs_litellm} | {lat['errors'] + tp['errors']} |")
+            f"{tp.get('proxy_cpu_us_per_req', '-')} | {vs_nginx} | {vs_litellm} | {lat['errors'] + tp['errors']} |")
     for name, r in results.items():
         if "memory" in r:
             mem = r["memory"]

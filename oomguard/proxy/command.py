@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -35,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an OpenAI-compatible engine (vLLM, llama-server, SGLang, oomguard simulate); repeatable")
     p.add_argument("--listen", default="127.0.0.1:8001", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8001, loopback only)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes serving the port (SO_REUSEPORT), each with 1/N of the caps and its own queue; "
+                        "priorities hold within a worker (default 1)")
     p.add_argument("--status", metavar="URL", help="print the live state of a running proxy as a table, then exit")
     p.add_argument("--json", action="store_true", help="with --status: print JSON instead of a table")
     g = p.add_argument_group("admission control")
@@ -76,14 +80,25 @@ def run(args: argparse.Namespace) -> int:
         from .status import print_status
         return print_status(args.status, api_key=(args.api_key or [None])[0], as_json=args.json)
     config, listen = config_from_args(args)
+    workers = args.workers
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=("%(asctime)s %(levelname)s %(name)s: %(message)s" if workers == 1 else
+                                "%(asctime)s %(levelname)s %(name)s [%(process)d]: %(message)s"))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    from .tokens import load_counter
-    counter = load_counter(args.tokenizer)
-    _use_fast_loop()
-    asyncio.run(_serve_forever(config, counter, *listen))
-    return 0
+    if workers == 1:
+        _use_fast_loop()
+        asyncio.run(_serve_forever(config, None, *listen))
+        return 0
+    from .workers import run_workers, worker_limits
+
+    _check_bindable(*listen)
+
+    def serve(info) -> None:
+        _use_fast_loop()
+        own = dataclasses.replace(config, limits=worker_limits(config.limits, info.index, info.count))
+        asyncio.run(_serve_forever(own, None, *listen, worker=info))
+
+    return run_workers(workers, serve)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -114,11 +129,35 @@ def config_from_args(args: argparse.Namespace):
                          "or --allow-remote to serve without keys")
     if args.max_body_bytes < 1024:
         raise UsageError("--max-body-bytes must be at least 1024")
+    workers = getattr(args, "workers", 1)
+    if not 1 <= workers <= 64:
+        raise UsageError("--workers must be between 1 and 64")
+    if workers > 1:
+        if not hasattr(os, "fork"):
+            raise UsageError("--workers above 1 needs a platform with fork(); use --workers 1")
+        if port == 0:
+            raise UsageError("--workers above 1 needs a fixed --listen port (all workers share it)")
+        if args.max_in_flight < workers:
+            raise UsageError(f"--max-in-flight ({args.max_in_flight}) must be at least --workers ({workers}): "
+                             "each worker gets its share of the cap")
     config = ProxyConfig(upstreams=upstreams, limits=limits, api_keys=tuple(keys),
                          upstream_api_key=args.upstream_api_key or os.environ.get("OOMGUARD_UPSTREAM_API_KEY"),
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
-                         access_log=not args.no_access_log)
+                         access_log=not args.no_access_log, tokenizer=args.tokenizer)
     return config, (host, port)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Fail with one line, before forking workers, if the port is taken (workers would each fail)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def read_key_file(path: str) -> list[str]:
@@ -164,18 +203,30 @@ def _use_fast_loop() -> None:
 
 
 @contextlib.asynccontextmanager
-async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator:
-    """Start a proxy in this event loop; yields (server, base_url). For tests and embedding."""
+async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int = 0,
+                        worker=None) -> AsyncIterator:
+    """Start a proxy in this event loop; yields (server, base_url). For tests and embedding.
+
+    With `worker` (a `workers.WorkerInfo` of a multi-process proxy) the port is shared (SO_REUSEPORT) and a
+    private loopback port, recorded in the run directory, lets the siblings ask this worker for its metrics."""
     from aiohttp import web
 
     from .server import ProxyServer
 
-    server = ProxyServer(config, counter)
+    server = ProxyServer(config, counter, worker)
     runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,
                            shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    shared = worker is not None and worker.count > 1
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=shared or None)
     await site.start()
+    if shared:
+        private = web.TCPSite(runner, "127.0.0.1", 0)
+        await private.start()
+        private_port = private._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        tmp = worker.port_file(worker.index).with_suffix(".tmp")
+        tmp.write_text(str(private_port))
+        tmp.replace(worker.port_file(worker.index))
     sock = site._server.sockets[0]  # type: ignore[union-attr]
     bound = sock.getsockname()
     h = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
@@ -185,17 +236,18 @@ async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int
         await runner.cleanup()
 
 
-async def _serve_forever(config, counter, host: str, port: int) -> None:
+async def _serve_forever(config, counter, host: str, port: int, worker=None) -> None:
     log = logging.getLogger("oomguard.proxy")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with running_proxy(config, counter, host, port) as (server, url):
-        log.info("oomguard proxy on %s -> %s (watermarks %.2f/%.2f, queue %d, timeout %.0f s, %s)", url,
-                 ", ".join(u.base for u in config.upstreams), config.limits.high_watermark,
-                 config.limits.low_watermark, config.limits.max_queue, config.limits.queue_timeout,
-                 "client keys required" if config.api_keys else "no client keys")
+    async with running_proxy(config, counter, host, port, worker) as (server, url):
+        log.info("oomguard proxy on %s -> %s (watermarks %.2f/%.2f, queue %d, in flight %d, timeout %.0f s, "
+                 "%s%s)", url, ", ".join(u.base for u in config.upstreams), config.limits.high_watermark,
+                 config.limits.low_watermark, config.limits.max_queue, config.limits.max_in_flight,
+                 config.limits.queue_timeout, "client keys required" if config.api_keys else "no client keys",
+                 f", worker {worker.index + 1} of {worker.count}" if worker is not None else "")
         await stop.wait()
         log.info("shutting down")

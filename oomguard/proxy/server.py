@@ -1,4 +1,4 @@
-"""The HTTP shell of `oomguard proxy`: aiohttp server in front, aiohttp client behind.
+"""The HTTP shell of `oomguard proxy`: aiohttp server in front, aiohttp client behind (`client.py`).
 
 Per request: authenticate, check the path and body, count the prompt, ask the admission controller, wait in
 the queue if told to, forward to the chosen upstream, and pass the answer back (SSE event by event, nothing
@@ -9,23 +9,24 @@ connection, which makes the engine abort the request.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import logging
 import re
 import time
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import aiohttp
 from aiohttp import web
 
-from . import http1
+from .client import UpstreamBroken, UpstreamClient, UpstreamUnavailable, iter_body, read_body
 from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
 from .metrics import ProxyMetrics
-from .tokens import TokenCounter, context_error, requested_max_tokens
+from .tokens import TokenCounter, context_error, load_counter, requested_max_tokens
 from .upstreams import Poller, UpstreamAddress
+from .workers import WorkerInfo, gather_siblings, merge_metrics, merge_status
 
 try:  # faster JSON when available; the stdlib otherwise
     import orjson as _orjson
@@ -69,6 +70,7 @@ class ProxyConfig:
     connect_timeout: float = 5.0
     read_timeout: float | None = 600.0
     access_log: bool = True
+    tokenizer: str | None = None  # --tokenizer; without it the served model's tokenizer.json in the HF cache
 
 
 class _UpstreamGone(Exception):
@@ -76,18 +78,21 @@ class _UpstreamGone(Exception):
 
 
 class ProxyServer:
-    def __init__(self, config: ProxyConfig, counter: TokenCounter | None = None) -> None:
+    def __init__(self, config: ProxyConfig, counter: TokenCounter | None = None,
+                 worker: WorkerInfo | None = None) -> None:
         self.config = config
-        self.counter = counter or TokenCounter(source="default")
+        self._find_counter = counter is None  # look for the tokenizer once the served models are known
+        self.counter = counter or TokenCounter(source="not loaded yet")
+        self.worker = worker if worker is not None and worker.count > 1 else None
         self.addresses = {u.name: u for u in config.upstreams}
         self.controller = AdmissionController(self.addresses, config.limits, clock=time.monotonic)
         self.metrics = ProxyMetrics(self.controller)
         self.pollers: dict[str, Poller] = {}
-        self._prefix: dict[str, str] = {}
-        self._pools: dict[str, http1.Pool] = {}
+        self._clients: dict[str, UpstreamClient] = {}
         self._tasks: list[asyncio.Task] = []
         self._poll_session: aiohttp.ClientSession | None = None
-        self._api_keys = tuple(k.encode() for k in config.api_keys)
+        # keys kept as SHA-256 digests: every comparison is between equal-length values, in constant time
+        self._api_keys = tuple(hashlib.sha256(k.encode()).digest() for k in config.api_keys)
         self._upstream_headers = ({"Authorization": f"Bearer {config.upstream_api_key}"}
                                   if config.upstream_api_key else {})
         self.started_at = time.time()
@@ -112,22 +117,22 @@ class ProxyServer:
 
     async def start(self, first_poll_timeout: float = 5.0) -> None:
         for name, address in self.addresses.items():
-            parts = urlsplit(address.base)
-            self._pools[name] = http1.Pool(parts.hostname or "127.0.0.1", parts.port or 80,
-                                           use_tls=parts.scheme == "https",
-                                           connect_timeout=self.config.connect_timeout,
-                                           read_timeout=self.config.read_timeout)
-            self._prefix[name] = parts.path
+            self._clients[name] = UpstreamClient(address.base, connect_timeout=self.config.connect_timeout,
+                                                 read_timeout=self.config.read_timeout)
         self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0))
         for name, address in self.addresses.items():
             self.pollers[name] = Poller(address, self.controller, self._poll_session, self._wake,
-                                        self._upstream_headers, on_recover=self._renew_conn)
+                                        self._upstream_headers)
         # one round before serving, so the first requests find the upstreams' state known
         try:
             await asyncio.wait_for(asyncio.gather(*(p.poll_once() for p in self.pollers.values())),
                                    timeout=first_poll_timeout)
         except asyncio.TimeoutError:
             log.warning("first poll of the upstreams took over %.0f s; serving anyway", first_poll_timeout)
+        if self._find_counter:
+            models = sorted({m for up in self.controller.upstreams.values() for m in (up.models or ())})
+            self.counter = await asyncio.get_running_loop().run_in_executor(
+                None, load_counter, self.config.tokenizer, models)
         for poller in self.pollers.values():
             self._tasks.append(asyncio.create_task(poller.run(), name=f"poll {poller.address.name}"))
         self._tasks.append(asyncio.create_task(self._sweep(), name="queue sweeper"))
@@ -137,15 +142,9 @@ class ProxyServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        for pool in self._pools.values():
-            pool.close()
+        await asyncio.gather(*(c.close() for c in self._clients.values()), return_exceptions=True)
         if self._poll_session is not None:
             await self._poll_session.close()
-
-    def _renew_conn(self, name: str) -> None:
-        pool = self._pools.get(name)
-        if pool is not None:
-            pool.drop_idle()
 
     async def _sweep(self) -> None:
         """Safety net: answer queued tickets whose deadline passed (each handler also times out itself)."""
@@ -175,7 +174,10 @@ class ProxyServer:
                                  status=200 if ok else 503)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), content_type="text/plain",
+        body = self.metrics.render()
+        if self.worker is not None and not request.headers.get("x-oomguard-worker-local"):
+            body = merge_metrics(await gather_siblings(self.worker, "/metrics", {}, body))
+        return web.Response(body=body, content_type="text/plain",
                             charset="utf-8", headers={"Cache-Control": "no-store"})
 
     async def handle_status(self, request: web.Request) -> web.Response:
@@ -188,6 +190,10 @@ class ProxyServer:
         snap["admitted"] = sum(s.value for m in self.metrics.admitted.collect()
                                for s in m.samples if s.name.endswith("_total"))
         snap["token_counting"] = self.counter.describe()
+        if self.worker is not None and not request.headers.get("x-oomguard-worker-local"):
+            auth = {k: request.headers[k] for k in ("Authorization", "x-api-key") if k in request.headers}
+            answers = await gather_siblings(self.worker, "/oomguard/status", auth, snap)
+            snap = merge_status({i: a if isinstance(a, dict) else json.loads(a) for i, a in answers.items()})
         return web.json_response(snap)
 
     # ----------------------------------------------------------------- the proxy proper
@@ -204,7 +210,7 @@ class ProxyServer:
             info.setdefault("reason", "client_disconnected")
             raise
         finally:
-            if self.config.access_log:
+            if self.config.access_log and access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["ms"] = round((time.monotonic() - start) * 1000, 2)
                 access_log.info("%s", json.dumps(info, separators=(",", ":")))
@@ -350,22 +356,26 @@ class ProxyServer:
     async def _forward(self, request: web.Request, ticket: Ticket, body: bytes, stream: bool,
                        info: dict) -> web.StreamResponse:
         name = ticket.upstream
-        pool = self._pools[name]
-        target = self._prefix[name] + request.rel_url.raw_path_qs
         try:
-            resp = await pool.request(request.method, target, self._request_headers(request), body)
-        except http1.UpstreamUnavailable as exc:
+            resp = await self._clients[name].request(request.method, request.rel_url.raw_path_qs,
+                                                     self._request_headers(request), body)
+        except UpstreamUnavailable as exc:
             raise _UpstreamGone(str(exc)) from None
+        except UpstreamBroken as exc:
+            self.metrics.upstream_errors.labels(name, "malformed").inc()
+            info["reason"] = "upstream_malformed"
+            info["status_upstream"] = 502
+            return self._error(502, str(exc), "BadGatewayError")
         finished = False
         try:
             info["status_upstream"] = resp.status
-            out_headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
+            out_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE]
             is_sse = resp.content_type == "text/event-stream"
             length = resp.content_length
             if not is_sse and length is not None and length <= _FULL_READ_LIMIT:
                 try:
-                    data = await resp.read()
-                except (http1.UpstreamBroken, http1.UpstreamUnavailable) as exc:
+                    data = await read_body(resp)
+                except UpstreamBroken as exc:
                     self.metrics.upstream_errors.labels(name, "mid_response").inc()
                     self.pollers[name].kick()
                     info["reason"] = "upstream_died"
@@ -385,7 +395,7 @@ class ProxyServer:
             else:
                 resp.close()  # unfinished (client left, upstream failed): the engine sees the disconnect
 
-    async def _stream(self, request: web.Request, resp: http1.Response, out_headers: list,
+    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, out_headers: list,
                       is_sse: bool, name: str, info: dict) -> web.StreamResponse:
         out = web.StreamResponse(status=resp.status, reason=resp.reason or None)
         for k, v in out_headers:
@@ -397,7 +407,7 @@ class ProxyServer:
         pending = b""
         sent = 0
         try:
-            async for chunk in resp.iter_chunks():
+            async for chunk in iter_body(resp):
                 if is_sse:
                     # forward whole events as soon as they are complete, so a failure never leaves half an event
                     buf = pending + chunk if pending else chunk
@@ -412,7 +422,7 @@ class ProxyServer:
             if pending:
                 await out.write(pending)
                 sent += len(pending)
-        except (http1.UpstreamBroken, http1.UpstreamUnavailable) as exc:
+        except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "mid_stream").inc()
             self.pollers[name].kick()
             info["reason"] = "upstream_died"
@@ -455,7 +465,7 @@ class ProxyServer:
             return True
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        given = token.encode()
+        given = hashlib.sha256(token.encode()).digest()
         ok = False
         for key in self._api_keys:  # every key compared, in constant time each
             ok |= hmac.compare_digest(given, key)

@@ -57,6 +57,9 @@ def render_status(status: dict) -> "object":
     summary.add_row("watermarks", f"pause at {_pct(limits.get('high_watermark'))}, "
                                   f"resume below {_pct(limits.get('low_watermark'))}")
     summary.add_row("drain rate", f"{status.get('drain_rate_per_s', 0):.2f} req/s")
+    if status.get("workers"):
+        summary.add_row("workers", f"{status['workers']} (caps split between them, totals shown; "
+                                   f"in flight max {limits.get('max_in_flight', '?')})")
     summary.add_row("admitted", _num(status.get("admitted")))
     summary.add_row("rejected", ", ".join(f"{k} {int(v)}" for k, v in sorted(rejected.items())) or "none")
     if status.get("token_counting"):
