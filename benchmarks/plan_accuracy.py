@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -33,6 +34,10 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
 FIGURES = ("weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "kv_cache_memory_gib",
            "kv_cache_tokens", "max_concurrency")
 _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "mxfp4", "bitsandbytes"}
+# the gpu_worker.py line that prints the activation, non-torch and CUDA-graph figures, and the worker printing it
+_USAGE_LINE = re.compile(r"^\((?P<who>[^)]*)\).*for peak activation", re.MULTILINE)
+_PP_RANK = re.compile(r"PP(\d+)")
+STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib")  # read from logged_stage's worker
 
 
 @dataclass
@@ -79,6 +84,16 @@ def record_inputs(r: dict):
     return model, gpu, cfg, version, gpus, r.get("engine")
 
 
+def logged_stage(record: dict) -> int:
+    """Pipeline stage of the worker whose log line gave the activation / non-torch / graph figures (0 if unsaid).
+
+    With pipeline parallelism each stage prints its own "Actual usage is ..." line, and a record keeps one of them
+    (e.g. Worker_PP1's), so predictions are compared with that stage's worker, not with the first stage's."""
+    match = _USAGE_LINE.search(record.get("raw_excerpt") or "")
+    pp = _PP_RANK.search(match.group("who")) if match else None
+    return int(pp.group(1)) if pp else 0
+
+
 def baselines(model, gpu, report) -> tuple[dict, dict]:
     """The seeds' naive formula and a weights + KV static planner, on the same inputs."""
     c = report.config
@@ -114,10 +129,11 @@ def run(data: Path) -> list[Case]:
             case.skip = f"planner refused: {exc}"
         else:
             d = report.to_dict()
+            logged = report.workers[min(logged_stage(case.record), len(report.workers) - 1)]
             case.predicted = {"weights_gib": report.first.weights_bytes / GiB,
-                              "activation_peak_gib": report.first.activation_peak_bytes / GiB,
-                              "non_torch_gib": report.first.non_torch_bytes / GiB,
-                              "cuda_graph_gib": report.first.cuda_graph_bytes / GiB,
+                              "activation_peak_gib": logged.activation_peak_bytes / GiB,
+                              "non_torch_gib": logged.non_torch_bytes / GiB,
+                              "cuda_graph_gib": logged.cuda_graph_bytes / GiB,
                               "kv_cache_memory_gib": report.first.kv_cache_bytes / GiB,
                               "kv_cache_tokens": d["kv_cache_tokens"], "max_concurrency": d["max_concurrency"],
                               "starts": report.starts, "estimated_max_model_len": report.estimated_max_model_len,

@@ -135,3 +135,45 @@ def test_pipeline_stages_split_layers_like_vllm():
     assert [w.layers for w in r.workers] == [16, 16]
     odd = run(model="Qwen/Qwen2.5-7B-Instruct", pipeline_parallel_size=3, gpus=3)  # 28 layers
     assert [w.layers for w in odd.workers] == [9, 10, 9]
+
+
+def test_mxfp4_kernel_follows_gpu_and_version():
+    from oomguard.engines.vllm.weights import mxfp4_backend
+    assert mxfp4_backend((8, 0), V19) == "marlin"             # Ampere: Marlin, every version
+    assert mxfp4_backend((9, 0), (0, 11, 2)) == "marlin"      # Hopper before triton_kernels shipped in the wheel
+    assert mxfp4_backend((9, 0), (0, 12, 0)) == "triton"
+    assert mxfp4_backend((10, 0), (0, 10, 1)) == "flashinfer_trtllm"
+    assert mxfp4_backend((12, 0), V19) == "marlin"            # consumer Blackwell: no Triton/TRTLLM path
+    assert mxfp4_backend(None, V19) is None
+
+
+def test_mxfp4_padding_per_kernel():
+    from oomguard.engines.vllm.weights import mxfp4_expert_bytes
+    e, h = 32, 2880
+    plain = mxfp4_expert_bytes(None, e, h, 2880, bias=False)
+    assert plain == e * 3 * h * 2880 * 17 // 32               # e2m1 pairs + one e8m0 scale per 32
+    # Marlin: intermediate to 128 (2944), hidden to 256 (3072)
+    assert mxfp4_expert_bytes("marlin", e, h, 2880, bias=False) == e * 3 * 3072 * 2944 * 17 // 32
+    # Triton at TP 2: 1440 -> 1472 per rank; the swizzle pads the transposed uint8 weights to 64
+    triton = mxfp4_expert_bytes("triton", e, h, 1440, bias=False)
+    values = e * (1472 * 2944 + 768 * 2880)
+    assert values < triton < values + e * 2 * (3072 * 90 + 3072 * 46)  # plus the loaded and the swizzled scales
+
+
+def test_gpt_oss_weights_match_vllm_logs():
+    # vLLM 0.19.0 on H100 (Triton kernel) printed "Model loading took 13.64 GiB" (TP 1) and 7.01 GiB (TP 2);
+    # gpt-oss-120b on H100 with the Marlin kernel (vLLM 0.10.1) took 65.97 GiB
+    model = "openai/gpt-oss-20b"
+    assert run(model=model).first.weights_bytes / GiB == pytest.approx(13.64, abs=0.03)
+    assert run(model=model, tensor_parallel_size=2, gpus=2).first.weights_bytes / GiB == pytest.approx(7.01, abs=0.03)
+    big = run(model="openai/gpt-oss-120b", version=(0, 10, 1), gpu_memory_utilization=0.95)
+    assert big.first.weights_bytes / GiB == pytest.approx(65.97, abs=0.05)
+    assert any("MXFP4" in a and "marlin" in a for a in big.assumptions)
+
+
+def test_pipeline_stage_activation_and_graphs_differ_by_stage():
+    # the last stage runs the sampler; graphs scale with the layers on the rank
+    r = run(pipeline_parallel_size=4, gpus=4)
+    acts = [w.activation_peak_bytes for w in r.workers]
+    assert acts[-1] > max(acts[:-1]) and acts[1] == acts[2]
+    assert run(tensor_parallel_size=2, gpus=2).first.cuda_graph_bytes < run().first.cuda_graph_bytes

@@ -41,15 +41,24 @@ def test_kv_tokens(summary):
 
 def test_weights(summary):
     assert summary["figures"]["weights_gib"]["median_rel"] <= 0.01
-    assert summary["figures"]["weights_gib"]["p90_rel"] <= 0.05  # gpt-oss MXFP4 padding is not modelled yet
+    assert summary["figures"]["weights_gib"]["p90_rel"] <= 0.01  # MXFP4 experts padded per kernel (weights.py)
+
+
+def test_measured_figures_do_not_regress(summary):
+    # the fitted estimates (profile.py, benchmarks/fit_profile.py), compared with the worker that logged them
+    assert summary["figures"]["activation_peak_gib"]["p90_abs"] <= 0.2
+    assert summary["figures"]["cuda_graph_gib"]["p90_abs"] <= 0.3
+    assert summary["figures"]["kv_cache_memory_gib"]["p90_abs"] <= 0.25
 
 
 def test_verdict_accuracy_does_not_regress(summary):
     assert summary["figures"]["verdict_accuracy"] >= 12 / 13
 
 
-@pytest.mark.xfail(strict=True, reason="open: gpt-oss-20b's sampler warm-up OOM at utilization 0.95 (vLLM 0.19) is "
-                   "not predicted; the memory left after KV and graphs looks sufficient by every logged figure")
+@pytest.mark.xfail(strict=True, reason="open: record 059 (gpt-oss-20b, 0.95, vLLM 0.19) OOMs in the sampler warm-up "
+                   "with 1.66 GiB predicted to spare, while 050, 051 and 064 start with 1.60, 1.62 and 0.94 GiB: "
+                   "no margin derived from the logged figures separates them (memory invisible to vLLM's "
+                   "accounting, and model-specific)")
 def test_verdict_right_on_every_record(summary):
     assert summary["verdict_misses"] == []
 

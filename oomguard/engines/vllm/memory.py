@@ -17,7 +17,7 @@ from oomguard.engines.vllm import defaults, messages, profile
 from oomguard.engines.vllm.kv import (KvLayout, KvSpec, build_layout, estimate_max_model_len, kv_cache_tokens,
                                       max_concurrency, num_blocks)
 from oomguard.engines.vllm.versions import Version, default_engine, fmt
-from oomguard.engines.vllm.weights import Parallel, padded_vocab, stage_weight_bytes
+from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import DTYPE_BYTES, ModelSpec, QuantSpec
@@ -250,6 +250,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     act_bytes = DTYPE_BYTES[dtype]
     quant = resolve_quant(model, cfg)
     model_q = model if quant is model.quant else _with_quant(model, quant)
+    if quant and quant.method == "mxfp4" and model.moe:
+        notes.append(f"MXFP4 experts sized for vLLM's {mxfp4_backend(gpu.compute_capability, version)} MoE kernel "
+                     "on this GPU (its padding included)")
 
     util = cfg.gpu_memory_utilization
     if util is None:
@@ -292,14 +295,14 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     layouts: list[KvLayout] = []
     for stage in range(pp):
         layers = par.stage_layers(model.num_layers, stage)
-        weights = stage_weight_bytes(model_q, par, stage, act_bytes)
+        weights = stage_weight_bytes(model_q, par, stage, act_bytes, gpu.compute_capability, version)
         if offload_left:  # maybe_offload_to_cpu moves whole layers' parameters until the budget is used
             moved = min(offload_left, int(weights * 0.95))
             weights -= moved
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
                                                    stage == pp - 1, act_bytes, coefficients)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients)
-        graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients)
+        graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp)
         if cfg.kv_cache_memory_bytes is not None and engine == "v1" and version >= (0, 11, 0):
             available = cfg.kv_cache_memory_bytes
         else:

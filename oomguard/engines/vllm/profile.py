@@ -7,17 +7,13 @@ closed form in its source. These are fitted models of those measurements, with t
   temporaries (softmax, sort, top-k/top-p masks) on the last pipeline stage;
 - pipeline stages keep IntermediateTensors (hidden states and residual) for max_num_batched_tokens;
 - non-torch memory grows with NCCL / custom all-reduce buffers once there are several TP ranks;
-- the CUDA-graph pool grows with layers and capture sizes.
-Coefficients were fitted on the vLLM 0.19.0 H100 records of ../shared/data/vllm_startup_logs.jsonl
-(benchmarks/plan_accuracy.py reports how well they fit, per figure):
-- sampler: (activation - hidden states) / (num_reqs x vocab) is 14.7-15.0 bytes on five models with
-  vocabularies from 128k to 201k (Llama-3.1-8B, Qwen2.5-7B, Qwen2.5-72B TP2, Llama-3.3-70B TP2, gpt-oss-20b);
-- dense forward: the two forward-bound workers (CodeLlama-7B, and Llama-3.1-8B pipeline stage 0 after its
-  IntermediateTensors) give 0.93 bytes/hidden unit and 4.24 bytes/intermediate unit per token (gate+up,
-  the activation, and one temporary: about 4 x intermediate, as expected);
-- routed MoE: 13-24 bytes per top_k x expert-intermediate unit (DeepSeek-V2-Lite, Qwen1.5-MoE; bounded by
-  gpt-oss-20b); 16 is used;
-- non-torch and the CUDA-graph pool: medians of the same records by TP/PP layout, graphs linear in layers.
+- the CUDA-graph pool grows with the layers on the rank (partly sharded by TP) and the routed MoE width.
+Each figure is linear in its coefficients (the activation peak is the larger of two linear candidates), and
+benchmarks/fit_profile.py fits them all by least squares on ../shared/data/vllm_startup_logs.jsonl (vLLM 0.19
+H100 sweep, plus older logs for the V0 non-torch constants); the values below are its fit to 3 significant
+figures and tests/test_profile_fit.py fails when they drift from a fresh fit. Rerun it with --write after
+adding records or catalog models. forward_bytes_per_hidden fits to 0: every dense forward-bound record has
+hidden size 4096, so the data cannot tell hidden from intermediate width and the MLP term takes it all.
 The planner marks every figure from here as an estimate.
 """
 
@@ -31,20 +27,21 @@ from oomguard.units import GiB
 
 @dataclass(frozen=True)
 class ProfileCoefficients:
-    sampler_bytes_per_logit: float = 14.9   # fp32 logits plus temporaries, per (request x vocab entry)
-    forward_bytes_per_hidden: float = 0.93   # per token per hidden unit, in units of the activation dtype
-    forward_bytes_per_inter: float = 4.24     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    moe_bytes_per_routed: float = 16.0        # per token per top_k x expert-intermediate unit (fused_moe caches)
-    non_torch_single_gib: float = 0.25       # cuBLAS / attention workspaces, one GPU (V1)
-    non_torch_tp_gib: float = 2.1            # plus NCCL and custom all-reduce buffers when TP > 1 (V1)
-    non_torch_pp_only_gib: float = 0.07      # pipeline-only workers
-    non_torch_v0_gib: float = 0.35           # V0 worker.py accounting (0.7-0.10)
-    non_torch_v06_gib: float = 1.79          # 0.6.x counted the CUDA context and cuBLAS handles too
-    context_gib: float = 0.51                # CUDA context + allocator state present before vLLM's snapshot
-    nccl_init_gib: float = 1.0               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.38             # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.0165       # per decoder layer on the rank, at the default capture sizes
-    graph_moe_gib: float = 0.7               # MoE models capture larger graphs (routing buffers)
+    sampler_bytes_per_logit: float = 15.0     # fp32 logits plus temporaries, per (request x vocab entry)
+    forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
+    forward_bytes_per_inter: float = 4.85     # per token per MLP-intermediate unit on this rank (gate/up/act)
+    moe_bytes_per_routed: float = 13.4        # per token per top_k x expert-intermediate unit (fused_moe caches)
+    non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1)
+    non_torch_tp_gib: float = 2.11            # plus NCCL and custom all-reduce buffers when TP > 1 (V1)
+    non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
+    non_torch_v0_gib: float = 0.27            # V0 worker.py accounting (0.7-0.10)
+    non_torch_v06_gib: float = 1.79           # 0.6.x counted the CUDA context and cuBLAS handles too
+    context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
+    nccl_init_gib: float = 1.07               # NCCL communicators created before the snapshot (V1 >= 0.11)
+    graph_base_gib: float = 0.36              # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.0141       # per decoder layer on the rank, at the default capture sizes
+    graph_per_layer_tp_gib: float = 0.00194   # per decoder layer, the part sharded over TP ranks (/ tp)
+    graph_moe_gib_per_m: float = 3.92         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -68,14 +65,21 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, c: ProfileCoefficients = COEFF
     return num_reqs * vocab * c.sampler_bytes_per_logit
 
 
-def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
-                          last_stage: bool, act_bytes: int, c: ProfileCoefficients = COEFFICIENTS) -> int:
-    """torch peak increase during profile_run on one worker."""
+def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
+                          last_stage: bool, act_bytes: int,
+                          c: ProfileCoefficients = COEFFICIENTS) -> tuple[float, float]:
+    """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c)
     hidden_alive = tokens * model.hidden_size * act_bytes  # hidden_states stay alive while the sampler runs
     sampler = sampler_peak_bytes(vocab, num_reqs, c) + hidden_alive if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
-    return int(max(forward, sampler) + pp_buffers)
+    return forward + pp_buffers, sampler + pp_buffers
+
+
+def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
+                          last_stage: bool, act_bytes: int, c: ProfileCoefficients = COEFFICIENTS) -> int:
+    """torch peak increase during profile_run on one worker: the larger of the two candidates."""
+    return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, c)))
 
 
 def non_torch_bytes(engine: str, version: tuple[int, int, int], tp: int, pp: int,
@@ -102,11 +106,13 @@ def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int
 
 
 def cuda_graph_bytes(model: ModelSpec, layers_on_rank: int, enforce_eager: bool,
-                     c: ProfileCoefficients = COEFFICIENTS) -> int:
+                     c: ProfileCoefficients = COEFFICIENTS, tp: int = 1) -> int:
     """CUDA-graph pool after capture (GPUModelRunner.capture_model); 0 with --enforce-eager."""
     if enforce_eager:
         return 0
-    gib = c.graph_base_gib + c.graph_per_layer_gib * layers_on_rank
-    if model.moe:
-        gib += c.graph_moe_gib
+    gib = c.graph_base_gib + (c.graph_per_layer_gib + c.graph_per_layer_tp_gib / tp) * layers_on_rank
+    moe = model.moe
+    if moe and any(moe.moe_layers):  # routing buffers grow with the routed width of the MoE layers on the rank
+        moe_layers = round(sum(moe.moe_layers) * layers_on_rank / model.num_layers)
+        gib += c.graph_moe_gib_per_m * moe_layers * moe.top_k * moe.expert_intermediate_size / tp / 1e6
     return int(gib * GiB)

@@ -3,13 +3,15 @@
 Sharding mirrors vllm/model_executor/layers/linear.py (column/row parallel), vocab_parallel_embedding.py
 (vocabulary padded to 64, split over TP), fused_moe/layer.py (experts split over TP, or over EP with full
 width) and distributed/utils.py:get_pp_indices (pipeline stages). Quantized linears store
-QuantSpec.bytes_per_param(); embeddings, norms and routers stay in the model dtype.
+QuantSpec.bytes_per_param(); embeddings, norms and routers stay in the model dtype. MXFP4 experts are laid out
+for the MoE kernel vLLM picks for the GPU and version (mxfp4_expert_bytes), padding included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.engines.vllm.versions import Version
 from oomguard.models.spec import ModelSpec
 from oomguard.units import cdiv
 
@@ -36,6 +38,55 @@ def padded_vocab(vocab: int) -> int:
     return cdiv(vocab, VOCAB_PADDING) * VOCAB_PADDING
 
 
+def _up(n: int, multiple: int) -> int:
+    return cdiv(n, multiple) * multiple
+
+
+def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version | None) -> str | None:
+    """The MXFP4 MoE kernel vLLM picks on a CUDA GPU with the default environment; None: not known (no padding).
+
+    FlashInfer TRTLLM on data-centre Blackwell; OpenAI's Triton matmul_ogs on Hopper once the wheel bundles
+    triton_kernels (vllm/third_party, from 0.12; before, only when installed by hand); Marlin everywhere else.
+    """
+    # 0.10: quantization/mxfp4.py Mxfp4MoEMethod._should_use_marlin; 0.11/0.12: mxfp4.py get_mxfp4_backend;
+    # 0.19: fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend
+    if compute_capability is None or version is None:
+        return None
+    if compute_capability[0] == 10:
+        return "flashinfer_trtllm"
+    if compute_capability[0] == 9 and version >= (0, 12, 0):
+        return "triton"
+    return "marlin"
+
+
+def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: int, bias: bool = True) -> int:
+    """One MoE layer's MXFP4 experts on one rank (`inter` = intermediate size on this rank), with their biases.
+
+    Weights are uint8 pairs of e2m1 values with one e8m0 scale per 32; vLLM pads the sizes for its kernel.
+    """
+    if backend == "marlin":  # create_weights: Marlin needs n % 256 == 0 and k % 128 == 0
+        # mxfp4.py Mxfp4MoEMethod.create_weights (0.10/0.11) / oracle mxfp4_round_up_hidden_size_and_intermediate_size
+        inter, hidden = _up(inter, 128), _up(hidden, 256)
+        bias_bytes = 2                                  # marlin_utils_fp4 permute_bias keeps the model dtype
+    elif backend == "flashinfer_trtllm":  # same functions, TRTLLM branch: both rounded to 256, biases fp32
+        inter, hidden = _up(inter, 256), _up(hidden, 256)
+        bias_bytes = 4
+    elif backend == "triton":
+        inter = _up(inter, 64)  # same functions, default CUDA branch
+        # quantization/utils/mxfp4_utils.py _swizzle_mxfp4 -> triton_kernels HopperMXValueLayout.swizzle_data pads
+        # both uint8 dims of the transposed weight to 64; HopperMXScaleLayout pads rows to 256 and columns to 2.
+        # The loaded uint8 scales stay registered on the layer beside the swizzled copies; biases become fp32.
+        values = experts * (_up(hidden // 2, 64) * _up(2 * inter, 64) + _up(inter // 2, 64) * _up(hidden, 64))
+        loaded_scales = experts * (2 * inter * (hidden // 32) + hidden * (inter // 32))
+        swizzled_scales = experts * (_up(2 * inter, 256) * _up(hidden // 32, 2)
+                                     + _up(hidden, 256) * _up(inter // 32, 2))
+        return values + loaded_scales + swizzled_scales + (experts * (2 * inter + hidden) * 4 if bias else 0)
+    else:  # the checkpoint's own layout
+        bias_bytes = 2
+    params = experts * 3 * hidden * inter
+    return params // 2 + params // 32 + (experts * (2 * inter + hidden) * bias_bytes if bias else 0)
+
+
 def _linear(model: ModelSpec, name: str, params: int, act_bytes: int) -> float:
     quant = model.quant
     if quant and quant.bits < 16 and quant.quantizes(name):
@@ -43,8 +94,8 @@ def _linear(model: ModelSpec, name: str, params: int, act_bytes: int) -> float:
     return params * act_bytes
 
 
-def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int) -> float:
-    """Bytes of one decoder layer on one TP rank."""
+def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None) -> float:
+    """Bytes of one decoder layer on one TP rank; `mxfp4` is the MXFP4 MoE kernel (mxfp4_backend)."""
     h, tp = model.hidden_size, par.tp
     total = model.norms_per_layer * h * act_bytes
     if model.mla:
@@ -80,9 +131,12 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int) -> 
     if moe and moe.moe_layers[layer]:
         inter = moe.expert_intermediate_size
         experts_here, width = (cdiv(moe.num_experts, tp), inter) if par.ep else (moe.num_experts, inter // tp)
-        total += _linear(model, "experts", experts_here * 3 * h * width, act_bytes)
-        if model.model_type == "gpt_oss":
-            total += experts_here * (2 * width + h) * act_bytes  # expert biases
+        if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
+            total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss")
+        else:
+            total += _linear(model, "experts", experts_here * 3 * h * width, act_bytes)
+            if model.model_type == "gpt_oss":
+                total += experts_here * (2 * width + h) * act_bytes  # expert biases
         total += h * moe.num_experts * act_bytes + (moe.num_experts * act_bytes if moe.router_bias else 0)
         if moe.shared_intermediate_size:
             total += _linear(model, "shared_expert", 3 * h * moe.shared_intermediate_size // tp, act_bytes)
@@ -97,8 +151,13 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int) -> 
     return total
 
 
-def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: int) -> int:
-    """Weights held by one GPU of pipeline stage `stage` (every TP rank of a stage holds the same amount)."""
+def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: int,
+                       compute_capability: tuple[int, int] | None = None, version: Version | None = None) -> int:
+    """Weights held by one GPU of pipeline stage `stage` (every TP rank of a stage holds the same amount).
+
+    The GPU's compute capability and the vLLM version pick kernel-specific layouts (MXFP4 padding); without
+    them the checkpoint's own layout is counted."""
+    mxfp4 = mxfp4_backend(compute_capability, version)
     h = model.hidden_size
     first, last = stage == 0, stage == par.pp - 1
     vocab_shard = padded_vocab(model.vocab_size) // par.tp * h
@@ -111,9 +170,10 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
             total += vocab_shard * (model.quant.bytes_per_param() if head_quantized else act_bytes)
         total += h * act_bytes  # final norm
     for layer in par.stage_layers(model.num_layers, stage):
-        total += layer_bytes(model, layer, par, act_bytes)
+        total += layer_bytes(model, layer, par, act_bytes, mxfp4)
     # RotaryEmbedding.cos_sin_cache [max_position, rotary_dim] in the model dtype, one per distinct RoPE
-    total += sum(positions * model.rotary_dim * act_bytes for positions in model.rope_cache_positions)
+    rope_bytes = 4 if model.model_type == "gpt_oss" else act_bytes  # models/gpt_oss.py: get_rope(dtype=torch.float32)
+    total += sum(positions * model.rotary_dim * rope_bytes for positions in model.rope_cache_positions)
     if first and model.vision:
         total += model.vision.params * act_bytes / par.tp
     return int(total)
