@@ -7,12 +7,12 @@ Measures, in one run, on this machine:
   2. streams: 500 concurrent streams of 64 tokens at a true 50 ms inter-token latency: how far the measured
      TTFT and ITL are from the truth (the generator's own error) and the client's CPU use;
   3. the same loads from plain peers in the same run: a minimal aiohttp loop and a minimal httpx loop (httpx
-     from a throwaway venv: --peer-python /tmp/peer-venv/bin/python), as ratios.
+     from a throwaway venv: --peer-python VENV/bin/python), as ratios.
 The upstream (`python -m oomguard.loadtest.upstream`, raw asyncio) is pinned to one core and the client to
 the other, so that the two do not fight for a core. Targets on 2 cores: >= 2,000 non-streamed req/s and >= 500
 concurrent streams.
 
-    python benchmarks/loadgen_speed.py [--duration 10] [--peer-python /tmp/peer-venv/bin/python] [--json out.json]
+    python benchmarks/loadgen_speed.py [--duration 10] [--peer-python VENV/bin/python] [--json out.json]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
     ap.add_argument("--peer-python", default=sys.executable,
-                    help="interpreter with httpx (and aiohttp) for the peers, e.g. a throwaway venv under /tmp")
+                    help="interpreter with httpx (and aiohttp) for the peers, e.g. a throwaway venv with httpx installed")
     ap.add_argument("--streams", type=int, default=500)
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()

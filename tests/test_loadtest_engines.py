@@ -86,3 +86,14 @@ def test_api_key_comes_from_the_environment(vllm_simulator, tmp_path, monkeypatc
     rc, rep = _run(tmp_path, sim.url, "--api-key-env", "SIM_KEY", "--concurrency", "2", "--duration", "1s",
                    "--output-tokens", "8", "--endpoint", "chat")
     assert rc == 0 and rep["stages"][0]["requests"]["ok"] > 0 and rep["stages"][0]["requests"]["errors"] == 0
+
+
+def test_simulator_that_dies_of_kv_exhaustion_mid_run(vllm_simulator, tmp_path, capsys):
+    sim = vllm_simulator(num_gpu_blocks=65, max_model_len=512, speed=20, crash_on_kv_exhaustion=True)
+    rc, rep = _run(tmp_path, sim.url, "--concurrency", "8", "--duration", "30s", "--prompt-tokens", "100",
+                   "--output-tokens", "300")
+    s = rep["stages"][0]
+    assert sim.wait(timeout=30) == 1  # it died like a CUDA OOM ...
+    assert rc == 1 and s["ended_because"] == "server_down" and s["held_s"] < 25  # ... and the tester said so
+    assert s["requests"]["errors"] > 0 and "stopped answering" in rep["verdict"]
+    assert "Traceback" not in capsys.readouterr().err

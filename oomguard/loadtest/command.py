@@ -273,8 +273,11 @@ async def _main(plan: Plan) -> dict:
                           api_key=plan.api_key, ignore_eos=plan.ignore_eos, request_timeout=plan.request_timeout,
                           extra_body=plan.extra_body)
     async with client:
-        sampler = MetricsSampler(client.session, plan.metrics_url, t0=client.t0,
-                                 gpu=not args.no_gpu and is_local(plan.base_url))
+        local = is_local(plan.base_url)
+        sampler = MetricsSampler(client.session, plan.metrics_url, t0=client.t0, gpu=not args.no_gpu and local)
+        gpu_note = _gpu_note(args.no_gpu, local, sampler.gpu_available)
+        if gpu_note:
+            notes.append(gpu_note)
         if not await sampler.probe():
             notes.append(f"server metrics not watched: {sampler.problem}")
         _note_missing_metrics(plan, sampler, notes)
@@ -341,7 +344,8 @@ async def _main(plan: Plan) -> dict:
                         "broke_at": search.bad,
                         "broke_stage": stage_of.get(search.bad) if search.bad is not None else None,
                         "reached_maximum": search.reached_maximum,
-                        "history": [{"level": lv, "held": ok} for lv, ok in search.history],
+                        "history": [{"level": lv, "held": ok, "stage": stage_of.get(lv)}
+                                    for lv, ok in search.history],
                     }
         finally:
             sampler_task.cancel()
@@ -353,6 +357,14 @@ async def _main(plan: Plan) -> dict:
                     pass
 
     return _report(plan, runner, info, workload, notes, capacity, started_at, __version__)
+
+
+def _gpu_note(no_gpu: bool, local: bool, available: bool) -> str | None:
+    if no_gpu or available:
+        return None
+    if not local:
+        return "GPU memory not sampled: the server is not on this machine (NVML reads local GPUs only)"
+    return "GPU memory not sampled: NVML sees no GPU here (no GPU or driver, or no pynvml: pip install oomguard[nvml])"
 
 
 def _note_missing_metrics(plan: Plan, sampler, notes: list[str]) -> None:
@@ -396,6 +408,7 @@ def _report(plan: Plan, runner, info, workload, notes, capacity, started_at, ver
         },
         "workload": workload.describe(),
         "interrupted": runner.interrupt.is_set(),
+        "gpu_memory_sampled": runner.sampler.gpu_available,
         "stages": [stage_dict(runner, st, plan.goodput) for st in runner.stages],
         "capacity": capacity,
         "notes": notes,

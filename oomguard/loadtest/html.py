@@ -1,7 +1,7 @@
 """A self-contained HTML report: inline CSS and inline SVG charts, no scripts, no network.
 
 Charts over time: TTFT and end-to-end latency percentiles, KV-cache usage (and GPU memory when sampled),
-running and waiting requests, throughput (requests/s and output tokens/s); stage boundaries are marked.
+running and waiting requests, preemptions, throughput (requests/s and output tokens/s); stage boundaries are marked.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import math
 from html import escape
 from typing import Sequence
 
-from oomguard.loadtest.shapes import format_duration
+from oomguard.loadtest.shapes import format_duration, format_rate
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
 W, H = 920, 250
 ML, MR, MT, MB = 64, 20, 28, 36  # margins
+STAGE_LABEL_ROWS, STAGE_LABEL_CHAR_PX = 3, 5.6  # 10px labels: about 5.6 px a character
 
 
 def _nice_step(span: float, target: int = 5) -> float:
@@ -33,7 +34,7 @@ def _fmt_tick(v: float, unit: str) -> str:
     if unit == "s":
         if v == 0:
             return "0"
-        return f"{v * 1000:.0f} ms" if v < 1 else f"{v:g} s"
+        return f"{v * 1000:.3g} ms" if v < 1 else f"{v:.3g} s"  # 2.5 ms, 12.5 ms, 250 ms, 1.5 s
     if unit == "%":
         return f"{v:g}%"
     if abs(v) >= 10000:
@@ -81,12 +82,22 @@ def line_chart(title: str, xs: Sequence[float], series: list[tuple[str, Sequence
         x += xstep
     out.append(f'<line x1="{ML}" x2="{W - MR}" y1="{H - MB}" y2="{H - MB}" class="axis"/>'
                f'<line x1="{ML}" x2="{ML}" y1="{MT}" y2="{H - MB}" class="axis"/>')
+    row_ends = [-1e9] * STAGE_LABEL_ROWS  # labels of short stages go one row down instead of overlapping
     for st in stages:
         if st.get("start_s") is None:
             continue
         xpos = sx(st["start_s"])
+        width = STAGE_LABEL_CHAR_PX * len(st["label"])
+        right = xpos + 3 + width <= W - 2  # else the label goes left of its line, inside the chart
+        lo = xpos + 3 if right else xpos - 3 - width
+        row = next((i for i, end in enumerate(row_ends) if end < lo), None)
+        if row is None:
+            row = min(range(STAGE_LABEL_ROWS), key=lambda i: row_ends[i])
+        row_ends[row] = lo + width + 4
+        anchor = "" if right else ' text-anchor="end"'
         out.append(f'<line x1="{xpos:.1f}" x2="{xpos:.1f}" y1="{MT}" y2="{H - MB}" class="stage"/>'
-                   f'<text x="{xpos + 3:.1f}" y="{MT + 10}" class="stagelabel">{escape(st["label"])}</text>')
+                   f'<text x="{xpos + 3 if right else xpos - 3:.1f}" y="{MT + 10 + 11 * row}"{anchor} '
+                   f'class="stagelabel">{escape(st["label"])}</text>')
     for value, label in hlines:
         out.append(f'<line x1="{ML}" x2="{W - MR}" y1="{sy(value):.1f}" y2="{sy(value):.1f}" class="limit"/>'
                    f'<text x="{W - MR - 4}" y="{sy(value) - 4:.1f}" class="limitlabel">{escape(label)}</text>')
@@ -149,9 +160,9 @@ def _stage_table(report: dict) -> str:
                                     for h in head) + "</tr>"]
     for s in report["stages"]:
         lat, srv, rq, tp = s["latency"], s["server"], s["requests"], s["throughput"]
-        result = "held" if s["held"] else (", ".join(f["text"] for f in s["stopped_by"]) or s["ended_because"])
+        result = "held" if s["held"] else stage_result(s)
         cells = [s["load"]["label"], format_duration(s["held_s"]), rq["ok"], rq["errors"],
-                 f"{tp['requests_per_s']:g}", f"{tp['output_tokens_per_s']:.0f}",
+                 format_rate(tp['requests_per_s']), f"{tp['output_tokens_per_s']:.0f}",
                  _ms(lat["ttft_s"]["p50"]), _ms(lat["ttft_s"]["p99"]), _ms(lat["itl_s"]["p50"]),
                  _ms(lat["itl_s"]["p99"]), _ms(lat["e2e_s"]["p50"]), _ms(lat["e2e_s"]["p99"]),
                  _pct(srv["peak_kv_usage"]), _g(srv["max_running"]), _g(srv["max_waiting"]),
@@ -166,6 +177,17 @@ def _stage_table(report: dict) -> str:
 
 def _g(x) -> str:
     return "-" if x is None else f"{x:g}"
+
+
+def stage_result(s: dict) -> str:
+    """Why a stage did not hold, in a few words."""
+    if s["stopped_by"]:
+        return ", ".join(f["text"] for f in s["stopped_by"])
+    if s["ended_because"] == "server_down":
+        return f"the server stopped answering ({s['server_down']})"
+    if s["requests"]["errors"]:
+        return f"{s['requests']['errors']} failed requests"
+    return s["ended_because"]
 
 
 def render_html(report: dict) -> str:
@@ -196,6 +218,11 @@ def render_html(report: dict) -> str:
     charts.append(line_chart("requests running and waiting (server /metrics)", srv["t_s"],
                              [("running", srv["running"]), ("waiting", srv["waiting"])],
                              stages=stages, x_max=x_max, chart_id="chart-queue"))
+    pre = srv.get("preemptions_total") or []
+    first = next((v for v in pre if v is not None), None)
+    charts.append(line_chart("preemptions since the run began (server /metrics)", srv["t_s"],
+                             [("preemptions", [None if v is None else max(0.0, v - first) for v in pre])],
+                             stages=stages, x_max=x_max, chart_id="chart-preemptions"))
     charts.append(line_chart("throughput: finished requests per second", ts["t_s"],
                              [("requests/s", ts["requests_per_s"]), ("errors/s", ts["errors_per_s"])],
                              stages=stages, x_max=x_max, chart_id="chart-rps"))
@@ -214,9 +241,20 @@ def render_html(report: dict) -> str:
     cap_html = ""
     cap = report.get("capacity")
     if cap:
-        cap_html = "<h2>Capacity search</h2><table><tr><th class=\"l\">level</th><th class=\"l\">held</th></tr>" + \
-                   "".join(f"<tr><td class=\"l\">{h['level']:g}</td><td class=\"l\">{'yes' if h['held'] else 'no'}"
-                           "</td></tr>" for h in cap["history"]) + "</table>"
+        by_index = {s["index"]: s for s in report["stages"]}
+        rows = []
+        for h in cap["history"]:
+            st = by_index.get(h.get("stage"))
+            why = "" if st is None else ("held" if st["held"] else stage_result(st))
+            kv = "-" if st is None else _pct(st["server"]["peak_kv_usage"])
+            pre = "-" if st is None else _g(st["server"]["preemptions"])
+            rows.append(f"<tr><td>{h['level']:g}</td><td class=\"l\">{'yes' if h['held'] else 'no'}</td>"
+                        f"<td>{kv}</td><td>{pre}</td><td class=\"l\">{escape(why)}</td></tr>")
+        best = "none found" if cap["capacity"] is None else f"{cap['capacity']:g} {cap['unit']}"
+        cap_html = (f"<h2>Capacity search</h2><p>capacity: <b id=\"capacity\">{escape(best)}</b> (step up, then "
+                    "bisect; a level holds when no condition fires and no request fails)</p><table><tr>"
+                    "<th>level</th><th class=\"l\">held</th><th>peak KV</th><th>preemptions</th>"
+                    "<th class=\"l\">result</th></tr>" + "".join(rows) + "</table>")
     cfg = report["config"]
     meta = [("server", f"{report['url']} ({report.get('engine') or 'engine metrics not read'})"),
             ("model", f"{report['model']}" + (f", max_model_len {report['max_model_len']}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from oomguard.loadtest.client import RequestResult, error_group
 from oomguard.loadtest.runner import LATENCY_WINDOW_S, Runner, StageState
-from oomguard.loadtest.shapes import format_duration
+from oomguard.loadtest.shapes import format_duration, format_rate
 from oomguard.loadtest.stats import summarize
 
 SCHEMA_VERSION = 1
@@ -69,7 +69,7 @@ def stage_dict(runner: Runner, st: StageState, slo: dict[str, float]) -> dict:
     span = max(1e-9, st.t_drained - st.t_start)
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    pts = [p for p in runner.sampler.points if st.t_start - 1e-6 <= p.t <= st.t_drained + runner.sampler.interval]
+    pts = runner.stage_points(st)
     kv = [p.kv_usage for p in pts if p.kv_usage is not None]
     run = [p.running for p in pts if p.running is not None]
     wait = [p.waiting for p in pts if p.waiting is not None]
@@ -208,7 +208,7 @@ def verdict(report: dict) -> str:
 
 def _rate_note(stage: dict) -> str:
     if stage["load"]["kind"] == "concurrency":
-        return f" ({stage['throughput']['requests_per_s']:g} req/s)"
+        return f" ({format_rate(stage['throughput']['requests_per_s'])} req/s)"
     return ""
 
 
@@ -236,8 +236,14 @@ def _evidence(s: dict) -> str:
     srv = s["server"]
     kv = f"peak KV {srv['peak_kv_usage'] * 100:.0f}%" if srv["peak_kv_usage"] is not None else \
         "peak KV not reported"
-    pre = f"{srv['preemptions']:g} preemptions" if srv["preemptions"] is not None else "preemptions not reported"
-    return f"{kv}, {pre}, {s['requests']['errors']} errors"
+    pre = _count(srv["preemptions"], "preemption") if srv["preemptions"] is not None else \
+        "preemptions not reported"
+    return f"{kv}, {pre}, {_count(s['requests']['errors'], 'error')}"
+
+
+def _count(n: float, noun: str) -> str:
+    return f"{n:g} {noun}" + ("" if n == 1 else "s")
+
 
 
 def _capacity_verdict(report: dict, cap: dict) -> str:
@@ -285,7 +291,7 @@ def render_table(report: dict, console) -> None:
         result = "held" if s["held"] else (_why(s) if s["ended_because"] != "interrupted" else "interrupted")
         t.add_row(
             s["load"]["label"], format_duration(s["held_s"]), str(rq["ok"]), str(rq["errors"]),
-            f"{s['throughput']['requests_per_s']:g}", f"{s['throughput']['output_tokens_per_s']:.0f}",
+            format_rate(s['throughput']['requests_per_s']), f"{s['throughput']['output_tokens_per_s']:.0f}",
             f"{_ms(lat['ttft_s']['p50'])}/{_ms(lat['ttft_s']['p99'])}",
             f"{_ms(lat['itl_s']['p50'])}/{_ms(lat['itl_s']['p99'])}",
             f"{_ms(lat['e2e_s']['p50'])}/{_ms(lat['e2e_s']['p99'])}",

@@ -26,6 +26,7 @@ LATENCY_WINDOW_MIN = 20
 LATENCY_WINDOW_MAX = 4000  # the newest requests at most: a live percentile must not stall the event loop
 SERVER_DOWN_ERRORS = 20  # consecutive connection failures ...
 SERVER_DOWN_SILENCE_S = 2.0  # ... and no HTTP answer for this long: the server is gone
+SERVER_DOWN_LONG_SILENCE_S = 5.0  # or a few consecutive failures and no HTTP answer for this long
 
 
 class Recorder:
@@ -78,7 +79,8 @@ class StageState:
     conn_failures: int = 0
     last_answer_t: float = 0.0
     preempt_base: float | None = None
-    first_point: int = 0
+    first_point: int = 0  # the stage's sampler points are points[first_point:last_point]
+    last_point: int | None = None
     t_end: float = 0.0
     t_drained: float = 0.0
     ended_because: str = ""
@@ -148,11 +150,16 @@ class Runner:
             st.in_flight_peak = len(st.tasks)
 
     async def _closed_worker(self, st: StageState) -> None:
+        failures = 0
         while not st.stopping and st.sent < st.cap:
             st.sent += 1
             res = await self._one(st)
             if res.error_kind in ("connect", "disconnect"):
-                await asyncio.sleep(0.05)  # a dead server must not turn the loop into a spin
+                # a dead server must not turn the loop into a spin (nor the report into hundreds of refusals)
+                await asyncio.sleep(min(TICK_S, 0.05 * 2 ** failures))
+                failures += 1
+            else:
+                failures = 0
 
     async def _dispatch(self, st: StageState) -> None:
         load = st.load
@@ -173,10 +180,18 @@ class Runner:
     async def _dispatch_rate(self, st: StageState, rate: float, poisson: bool) -> None:
         perf = time.perf_counter
         rng = self.rng
-        next_t = perf()
+        next_t = perf()  # the first arrival at once: R req/s for T seconds offers R x T requests
+        end_t = self.t0 + st.deadline  # arrivals are scheduled up to the deadline, not beyond
         behind = 0
+        first = True
         while not st.stopping and st.sent < st.cap:
-            next_t += rng.expovariate(rate) if poisson else 1.0 / rate
+            if not first:
+                next_t += rng.expovariate(rate) if poisson else 1.0 / rate
+            first = False
+            if next_t >= end_t:  # no arrival before the deadline: the stage still lasts its duration
+                while not st.stopping and perf() < end_t:
+                    await asyncio.sleep(min(TICK_S, end_t - perf()))
+                break
             delay = next_t - perf()
             if delay > 0:
                 behind = 0
@@ -196,19 +211,21 @@ class Runner:
 
     async def _dispatch_burst(self, st: StageState, size: int, every: float) -> None:
         next_t = time.perf_counter()
-        while not st.stopping and st.sent < st.cap:
+        end_t = self.t0 + st.deadline
+        while not st.stopping and st.sent < st.cap and next_t < end_t:
             for _ in range(min(size, st.cap - st.sent)):
                 if len(st.tasks) >= self.max_inflight:
                     st.not_sent += 1
                 else:
                     self._launch(st)
             next_t += every
-            while not st.stopping and time.perf_counter() < next_t:
+            while not st.stopping and time.perf_counter() < min(next_t, end_t):
                 await asyncio.sleep(min(TICK_S / 2, max(0.0, next_t - time.perf_counter())))
 
     # ---- watching ------------------------------------------------------------------------------------
     def stage_points(self, st: StageState) -> list[MetricPoint]:
-        return self.sampler.points[st.first_point:]
+        """The sampler points taken from the stage's start to the end of its drain (none of the next stage's)."""
+        return self.sampler.points[st.first_point:st.last_point]
 
     def snapshot(self, st: StageState, now: float, *, latencies: tuple[str, ...] = ()) -> dict:
         """The figures --stop-when and the progress display read, at this moment of the stage."""
@@ -255,7 +272,9 @@ class Runner:
         return res[i:]
 
     def _server_down(self, st: StageState, now: float) -> bool:
-        if st.conn_failures >= SERVER_DOWN_ERRORS and now - st.last_answer_t >= SERVER_DOWN_SILENCE_S:
+        silence = now - st.last_answer_t
+        if (st.conn_failures >= SERVER_DOWN_ERRORS and silence >= SERVER_DOWN_SILENCE_S) or \
+                (st.conn_failures >= 3 and silence >= SERVER_DOWN_LONG_SILENCE_S):  # few workers back off
             last = next((r for r in reversed(st.results) if r.error), None)
             st.server_down_reason = last.error if last else "no answer"
             return True
@@ -268,16 +287,19 @@ class Runner:
         st = StageState(index=len(self.stages), load=load, t_start=now, deadline=now + duration,
                         cap=max_requests, last_answer_t=now)
         self.stages.append(st)
+        st.first_point = len(self.sampler.points)
         if self.sampler.engine is not None:  # a baseline for counters such as preemptions
             base = await self.sampler.sample_once()
             st.preempt_base = base.preemptions_total
-        st.first_point = max(0, len(self.sampler.points) - 1)
+            st.t_start = st.last_answer_t = self.now()  # the load starts now: the duration counts from here
+            st.deadline = st.t_start + duration
         wanted = tuple(lat for lat in LATENCIES if any(c.metric.endswith("_" + lat) for c in conditions))
         dispatcher = asyncio.ensure_future(self._dispatch(st))
         interrupt = asyncio.ensure_future(self.interrupt.wait())
         try:
             while True:
-                await asyncio.wait([interrupt], timeout=TICK_S)
+                # a tick every 0.5 s, and one at the deadline, so that a stage lasts its duration
+                await asyncio.wait([interrupt], timeout=min(TICK_S, max(0.001, st.deadline - self.now())))
                 now = self.now()
                 if self.interrupt.is_set():
                     st.ended_because = "interrupted"
@@ -306,6 +328,7 @@ class Runner:
             graceful = st.ended_because in ("duration", "max_requests") and drain_timeout > 0
             await self._drain(st, drain_timeout if graceful else 0.0)
             st.t_drained = self.now()
+            st.last_point = len(self.sampler.points)
         return st
 
     async def _drain(self, st: StageState, timeout: float) -> None:

@@ -97,6 +97,17 @@ def format_duration(seconds: float) -> str:
     return f"{h} h" + (f" {rest // 60} min" if rest // 60 else "")
 
 
+def format_rate(x: float | None) -> str:
+    """Requests a second with the digits that mean something: 1234, 27.9, 2.13, 0.047."""
+    if x is None:
+        return "-"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}" if x >= 0.1 else f"{x:.3f}"
+
+
 _DUR = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*$")
 
 

@@ -2,7 +2,7 @@
 
 Not a simulator (that is `oomguard simulate`): it answers instantly or streams `max_tokens` chunks at a fixed
 inter-token latency, and keeps a /metrics page in vLLM's names whose figures follow its own load:
-`slots` requests fit; KV usage is active/slots (capped at 1) and every request that starts while `slots` are
+`slots` requests fit (`--engine sglang|llamacpp` uses those engines' names instead); KV usage is active/slots (capped at 1) and every request that starts while `slots` are
 busy counts a preemption. Faults on demand: every Nth request answers HTTP 500, the server dies after N
 requests (closes every connection and stops listening), prompts longer than max_model_len get vLLM's 400.
 
@@ -30,6 +30,7 @@ class UpstreamConfig:
     fail_every: int = 0  # every Nth completion request answers HTTP 500
     die_after: int = 0  # after N completion requests, close everything and stop listening
     vllm_names: str = "new"  # "new": vllm:kv_cache_usage_perc; "old": vllm:gpu_cache_usage_perc
+    engine: str = "vllm"  # whose metric names /metrics uses: "vllm", "sglang" or "llamacpp"
 
 
 class _State:
@@ -47,6 +48,15 @@ class _State:
         kv = min(1.0, self.active / self.cfg.slots)
         running = min(self.active, self.cfg.slots)
         waiting = max(0, self.active - self.cfg.slots)
+        if self.cfg.engine == "sglang":  # python/sglang/srt/metrics/collector.py: no preemption counter
+            lab = f'{{model_name="{self.cfg.model}"}}'
+            return (f"# TYPE sglang:token_usage gauge\nsglang:token_usage{lab} {kv}\n"
+                    f"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{lab} {running}\n"
+                    f"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{lab} {waiting}\n").encode()
+        if self.cfg.engine == "llamacpp":  # llama-server --metrics: no KV usage, no preemptions
+            return (f"# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing {running}\n"
+                    f"# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred {waiting}\n"
+                    f"# TYPE llamacpp:n_decode_total counter\nllamacpp:n_decode_total {self.requests}\n").encode()
         kv_name = "vllm:kv_cache_usage_perc" if self.cfg.vllm_names == "new" else "vllm:gpu_cache_usage_perc"
         lab = f'{{model_name="{self.cfg.model}"}}'
         return (f"# TYPE {kv_name} gauge\n{kv_name}{lab} {kv}\n"
@@ -247,9 +257,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("slots", "fail-every", "die-after", "max-model-len"):
         p.add_argument(f"--{name}", type=int, default=None)
     p.add_argument("--vllm-names", choices=("new", "old"), default="new")
+    p.add_argument("--engine", choices=("vllm", "sglang", "llamacpp"), default="vllm",
+                   help="whose metric names /metrics uses")
     p.add_argument("--uvloop", action="store_true")
     a = p.parse_args(argv)
-    cfg = UpstreamConfig(ttft=a.ttft, itl=a.itl, vllm_names=a.vllm_names)
+    cfg = UpstreamConfig(ttft=a.ttft, itl=a.itl, vllm_names=a.vllm_names, engine=a.engine)
     for name in ("slots", "fail_every", "die_after", "max_model_len"):
         if getattr(a, name) is not None:
             setattr(cfg, name, getattr(a, name))

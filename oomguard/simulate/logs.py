@@ -29,11 +29,12 @@ def startup_lines(plan: SimPlan, host: str, port: int, speed: float, pid: int | 
     weights_gib = plan.weights_bytes / GiB
     load_s = max(weights_gib / 1.6, 0.1)
     lines = [
-        _stamp("INFO", "api_server.py:1395", f"vLLM API server version {'.'.join(map(str, v))} (oomguard simulate)"),
+        _stamp("INFO", "api_server.py:1395", f"vLLM API server version {'.'.join(map(str, v))} "
+               f"(oomguard simulate, {speed:g}x the GPU's roofline speed)"),
+        # vLLM's flags only: `oomguard diagnose` turns this line into a `vllm serve` command
         _stamp("INFO", "api_server.py:1396", f"args: model={plan.model!r}, max_model_len={plan.max_model_len}, "
                f"gpu_memory_utilization={plan.gpu_memory_utilization}, block_size={plan.block_size}, "
-               f"max_num_seqs={plan.max_num_seqs}, max_num_batched_tokens={plan.max_num_batched_tokens}, "
-               f"speed={speed}"),
+               f"max_num_seqs={plan.max_num_seqs}, max_num_batched_tokens={plan.max_num_batched_tokens}"),
     ]
     if plan.engine == "v1":
         lines.append(_stamp("INFO", "scheduler.py:222",

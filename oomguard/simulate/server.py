@@ -1,7 +1,7 @@
 """The simulated vLLM OpenAI server: aiohttp shell around the pure scheduler, with roofline step timing.
 
 Endpoints as vLLM serves them: GET /health, /version, /v1/models (with max_model_len), /metrics; POST
-/v1/completions and /v1/chat/completions (SSE streaming or not, OpenAI shapes as vLLM returns them).
+/tokenize (the count this module's rule gives), /v1/completions and /v1/chat/completions (SSE streaming or not, OpenAI shapes as vLLM returns them).
 
 Token counting (the simulator has no tokenizer): a prompt string counts one token per word and one per
 punctuation character (regex `\\w+|[^\\w\\s]`); a list of token ids counts its length; a chat request counts its
@@ -19,7 +19,7 @@ import re
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from aiohttp import web
@@ -27,7 +27,7 @@ from aiohttp import web
 from oomguard.simulate.metrics import SimMetrics
 from oomguard.simulate.openai_errors import check_context, error_body
 from oomguard.simulate.plan import SimPlan
-from oomguard.simulate.scheduler import KvCacheExhausted, Scheduler, SchedulerConfig, SimRequest, TokenEvent
+from oomguard.simulate.scheduler import Scheduler, SchedulerConfig, SimRequest, TokenEvent
 from oomguard.simulate.timing import Roofline
 
 _TOKEN = re.compile(r"\w+|[^\w\s]")
@@ -70,6 +70,11 @@ def chat_tokens(messages) -> int:
             content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
         total += per_message + count_tokens(str(content))
     return total
+
+
+def token_id(index: int) -> int:
+    """A stand-in token id for /tokenize (the simulator has no vocabulary)."""
+    return 1000 + (index * 7919) % 30000
 
 
 def token_text(index: int) -> str:
@@ -318,6 +323,18 @@ def build_app(engine: SimEngine, api_key: str | None = None) -> web.Application:
         finally:
             engine.abort(live)  # no-op once finished; frees the blocks of a request whose client went away
 
+    async def tokenize(request: web.Request) -> web.Response:
+        # vLLM's POST /tokenize (entrypoints/openai/serving_tokenization.py): the count the engine will see
+        if not authorized(request):
+            return _json({"error": "Unauthorized"}, status=401)
+        try:
+            body = await _read_body(request)
+            n = chat_tokens(body["messages"]) if "messages" in body else prompt_tokens(body.get("prompt", ""))
+        except (ValueError, TypeError) as exc:
+            return _json_error(engine, str(exc))
+        return _json({"count": n, "max_model_len": engine.plan.max_model_len,
+                      "tokens": [token_id(i) for i in range(n)], "token_strs": None})
+
     async def completions(request: web.Request) -> web.StreamResponse:
         return await generate(request, chat=False)
 
@@ -334,6 +351,7 @@ def build_app(engine: SimEngine, api_key: str | None = None) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
+    app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.on_startup.append(on_startup)
