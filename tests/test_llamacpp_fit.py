@@ -110,20 +110,29 @@ def test_sliding_window_layers_hold_window_plus_ubatch_cells():
     assert len(set(short.layer_bytes)) == 1  # below the window every layer holds the whole context
 
 
-def test_split_places_the_last_layers_and_then_the_output_on_the_gpu():
+def test_split_places_the_output_layer_first_then_the_last_layers():
+    # llama-model.cpp: layer il (il == n_layer: the output layer) is offloaded when il >= n_layer + 1 - ngl
     m = load_model(LLAMA8B)
     w = fit.gguf_weights(m, "Q4_K_M")
     kv = fit.kv_cache(m, 8192, 1)
     prev = None
     for ngl in range(m.num_layers + 2):
         s = fit.split_for(m, w, kv, ngl, flash_attn=False)
-        assert s.gpu_weights_bytes + s.cpu_weights_bytes == w.file_bytes + (w.output_matrix_bytes if w.tied and s.output_on_gpu else 0)
-        assert s.gpu_kv_bytes == sum(kv.layer_bytes[m.num_layers - min(ngl, m.num_layers):])
+        assert s.gpu_weights_bytes + s.cpu_weights_bytes == w.file_bytes
+        repeating = max(0, ngl - 1)
+        assert s.gpu_kv_bytes == sum(kv.layer_bytes[m.num_layers - repeating:]) if repeating else s.gpu_kv_bytes == 0
+        assert s.gpu_weights_bytes == sum(w.layer_bytes[m.num_layers - repeating:]) + (w.output_bytes if ngl else 0)
         if prev:
             assert s.gpu_bytes >= prev.gpu_bytes and s.cpu_weights_bytes <= prev.cpu_weights_bytes
         prev = s
-    assert not fit.split_for(m, w, kv, 32, flash_attn=False).output_on_gpu
+    one = fit.split_for(m, w, kv, 1, flash_attn=False)
+    assert one.output_on_gpu and one.repeating_on_gpu == 0 and "output layer on the GPU" in one.describe()
+    assert not fit.split_for(m, w, kv, 32, flash_attn=False).full_offload
     assert fit.split_for(m, w, kv, 33, flash_attn=False).full_offload
+    tied = load_model("meta-llama/Llama-3.2-1B-Instruct")
+    tw = fit.gguf_weights(tied, "Q8_0")
+    s = fit.split_for(tied, tw, fit.kv_cache(tied, 2048, 1), 1, flash_attn=False)
+    assert s.gpu_weights_bytes == tw.output_bytes and s.cpu_weights_bytes == tw.file_bytes - tw.output_norm_bytes
 
 
 def test_largest_ngl_fits_the_target_and_one_more_does_not():
@@ -194,3 +203,142 @@ def test_bad_input_is_a_usage_error():
         fit.plan_config(m, 8 * GiB, quantization="Q4_K_M", n_ctx_per_slot=0)
     with pytest.raises(UsageError):
         fit.plan_config(m, 8 * GiB, quantization="Q4_K_M", n_ctx_per_slot=1024, cache_type="q8_0", flash_attn=False)
+
+
+# ---------------------------------------------------------------- against llama.cpp itself
+
+@pytest.fixture(scope="module")
+def rpc_endpoint(llama_fit_tools):
+    from oomguard.engines.llamacpp.fitcheck import rpc_device
+
+    with rpc_device(llama_fit_tools["ggml-rpc-server"]) as endpoint:
+        yield endpoint
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("ftype", ["Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "Q3_K_M", "Q2_K"])
+def test_every_tensor_type_and_size_matches_llama_quantize(ftype, llama_fit_tools, small_gguf, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / f"small-{ftype}.gguf"
+    proc = subprocess.run([str(llama_fit_tools["llama-quantize"]), str(small_gguf), str(out), ftype, "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = {t.name: (t.tensor_type.name, int(t.n_bytes)) for t in gguf.GGUFReader(str(out)).tensors}
+    m = small_spec()
+    tensors = gguf_tensors(m)
+    ours = {t.name: (ty, tensor_bytes(ty, t.shape)) for t, ty in zip(tensors, choose_types(tensors, ftype, mix_context(m)))}
+    assert got == ours
+    w = fit.gguf_weights(m, ftype)
+    assert w.file_bytes == sum(n for _, n in got.values())
+
+
+def _ours(model, weights, *, device_bytes, n_ctx, n_parallel, cache_type, flash_attn):
+    from oomguard.engines.llamacpp.fitcheck import MiB as _MiB, host_memory_bytes
+
+    total = host_memory_bytes()
+    margin = (total - device_bytes) // _MiB * _MiB  # what fit_layers passes as --fit-target
+    kv = fit.kv_cache(model, n_ctx, n_parallel, cache_type, cache_type)
+    return fit.max_gpu_layers(model, weights, kv, total, flash_attn=flash_attn, margin_bytes=margin)
+
+
+# (n_ctx, slots, KV type, flash attention, device sizes in MiB)
+SMALL_CASES = [(2048, 1, "f16", False, (70, 90, 95, 100, 110)), (4096, 2, "q8_0", True, (80, 85, 92, 200))]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("n_ctx,slots,cache,fa,devices_mib", SMALL_CASES)
+def test_layer_split_matches_llama_fit_params_on_the_small_real_gguf(n_ctx, slots, cache, fa, devices_mib,
+                                                                     llama_fit_tools, small_gguf, rpc_endpoint):
+    from oomguard.engines.llamacpp.fitcheck import fit_layers
+
+    m = small_spec()
+    w = fit.gguf_weights(m, "F16")
+    for mib in devices_mib:
+        theirs = fit_layers(llama_fit_tools["llama-fit-params"], small_gguf, rpc_endpoint, device_bytes=mib * MiB,
+                            n_ctx=n_ctx, n_parallel=slots, cache_type=cache, flash_attn=fa, n_layer=m.num_layers)
+        ours = _ours(m, w, device_bytes=mib * MiB, n_ctx=n_ctx, n_parallel=slots, cache_type=cache, flash_attn=fa)
+        assert ours.n_gpu_layers == theirs.n_gpu_layers, (mib, ours.to_dict(), theirs.stderr[-1500:])
+
+
+# Full-size shapes: shape-only GGUFs (no data on disk), llama.cpp's fit on an emulated device of each size
+SHAPE_CASES = [
+    ("meta-llama/Llama-3.1-8B-Instruct", "Q4_K_M", 8192, 1, "f16", False, (1.5, 2.5, 3.3, 4.7, 6.5)),
+    ("meta-llama/Llama-3.1-8B-Instruct", "Q8_0", 32768, 4, "q8_0", True, (3, 5, 7.2, 9)),
+    ("meta-llama/Llama-3.2-1B-Instruct", "BF16", 16384, 2, "f16", True, (1.5, 2, 2.6, 3.2)),
+    ("codellama/CodeLlama-13b-hf", "Q3_K_M", 4096, 3, "q4_0", True, (2, 3.1, 4.4, 6, 7)),
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("model_id,ftype,n_ctx,slots,cache,fa,devices_gib", SHAPE_CASES)
+def test_layer_split_matches_llama_fit_params_on_full_size_shapes(model_id, ftype, n_ctx, slots, cache, fa,
+                                                                  devices_gib, llama_fit_tools, rpc_endpoint, tmp_path):
+    from oomguard.engines.llamacpp.fitcheck import fit_layers, host_memory_bytes
+    from oomguard.engines.llamacpp.shapegguf import write_shape_gguf
+
+    m = load_model(model_id)
+    path = write_shape_gguf(tmp_path / "shape.gguf", m, ftype)
+    w = fit.gguf_weights(m, ftype)
+    checked = 0
+    for gib in devices_gib:
+        device = int(gib * GiB)
+        if device >= host_memory_bytes():
+            continue  # the emulated device is this machine's RAM at most
+        theirs = fit_layers(llama_fit_tools["llama-fit-params"], path, rpc_endpoint, device_bytes=device,
+                            n_ctx=n_ctx, n_parallel=slots, cache_type=cache, flash_attn=fa, n_layer=m.num_layers)
+        ours = _ours(m, w, device_bytes=device, n_ctx=n_ctx, n_parallel=slots, cache_type=cache, flash_attn=fa)
+        assert ours.n_gpu_layers == theirs.n_gpu_layers, (gib, ours.to_dict(), theirs.stderr[-1500:])
+        checked += 1
+    if checked < 2:
+        pytest.skip("this machine's RAM is smaller than the emulated devices of this case")
+
+
+@pytest.mark.engine
+def test_memory_breakdown_matches_llama_cpp(llama_fit_tools, rpc_endpoint, tmp_path):
+    """Weights and KV on the device to the MiB, the compute buffer estimate within 5% (llama-fit-params --fit-print)."""
+    from oomguard.engines.llamacpp.fitcheck import fit_print
+    from oomguard.engines.llamacpp.shapegguf import write_shape_gguf
+
+    m = load_model(LLAMA8B)
+    path = write_shape_gguf(tmp_path / "l8b.gguf", m, "Q4_K_M")
+    w = fit.gguf_weights(m, "Q4_K_M")
+    for n_ctx, slots, cache, fa, ngl in ((8192, 1, "f16", False, 12), (32768, 4, "q8_0", True, 33), (4096, 2, "f16", False, 1)):
+        got = fit_print(llama_fit_tools["llama-fit-params"], path, rpc_endpoint, n_gpu_layers=ngl, n_ctx=n_ctx,
+                        n_parallel=slots, cache_type=cache, flash_attn=fa)["RPC0"]
+        s = fit.split_for(m, w, fit.kv_cache(m, n_ctx, slots, cache, cache), ngl, flash_attn=fa)
+        assert got[0] == s.gpu_weights_bytes // MiB and got[1] == s.gpu_kv_bytes // MiB
+        assert abs(s.gpu_compute_bytes / MiB - got[2]) <= 0.05 * got[2] + 2
+
+
+@pytest.mark.engine
+def test_moe_experts_on_the_cpu_match_llama_cpp_n_cpu_moe(llama_fit_tools, rpc_endpoint, tmp_path):
+    """--n-cpu-moe N: llama.cpp's breakdown of a Mixtral-shaped GGUF (shape only) vs our split."""
+    from oomguard.engines.llamacpp.fitcheck import fit_print
+    from oomguard.engines.llamacpp.shapegguf import write_shape_gguf
+
+    m = load_model("mistralai/Mixtral-8x22B-Instruct-v0.1")
+    path = write_shape_gguf(tmp_path / "mixtral.gguf", m, "Q2_K")
+    w = fit.gguf_weights(m, "Q2_K")
+    kv = fit.kv_cache(m, 4096, 2, "q8_0", "q8_0")
+    for n_cpu in (10, 40, 56):
+        got = fit_print(llama_fit_tools["llama-fit-params"], path, rpc_endpoint, n_gpu_layers=m.num_layers + 1,
+                        n_ctx=4096, n_parallel=2, cache_type="q8_0", flash_attn=True,
+                        extra=("--n-cpu-moe", str(n_cpu)))["RPC0"]
+        s = fit.split_for(m, w, kv, m.num_layers + 1, flash_attn=True, n_cpu_moe=n_cpu)
+        assert s.n_cpu_moe == n_cpu and not s.full_offload
+        assert got[0] == s.gpu_weights_bytes // MiB and got[1] == s.gpu_kv_bytes // MiB
+        assert abs(s.gpu_compute_bytes / MiB - got[2]) <= 0.1 * got[2] + 2
+
+
+def test_moe_plan_keeps_experts_on_the_cpu_when_that_is_faster():
+    m = load_model("Qwen/Qwen3-30B-A3B")
+    p = fit.plan(m, 12 * GiB, n_ctx_per_slot=8192, n_parallel=1, quantization="Q4_K_M", cache_type="q8_0",
+                 gpu_bandwidth=1008e9)
+    assert p.split.n_cpu_moe > 0 and p.split.n_gpu_layers == m.num_layers + 1 and not p.fits_on_gpu
+    assert p.split.gpu_bytes <= 12 * GiB - fit.DEFAULT_MARGIN_BYTES
+    assert f"--n-cpu-moe {p.split.n_cpu_moe}" in p.command()
+    w = fit.gguf_weights(m, "Q4_K_M")
+    kv = fit.kv_cache(m, 8192, 1, "q8_0", "q8_0")
+    layers = fit.max_gpu_layers(m, w, kv, 12 * GiB, flash_attn=True)
+    whole = fit.speed(m, w, kv, layers, context_tokens=8192, gpu_bandwidth=1008e9)
+    assert p.speed.decode_tokens_per_s >= whole.decode_tokens_per_s

@@ -5,7 +5,14 @@ cached under `${OOMGUARD_CACHE:-~/.cache/oomguard}/llama-server/<version>/` and 
 A file lock keeps two processes (two pytest runs, xdist workers) from building at once: the second waits
 and then finds the binary.
 
+The cache is keyed by version and binary: each requested target is looked up on its own, and a build (one
+configure, one compile) makes every tool of `ALL_TARGETS` the vendored tree has, not only the one asked for,
+so the llama.cpp fit tools (`llama-fit-params`, `ggml-rpc-server`, `llama-quantize`, used to check the
+llama.cpp tiering plan) cost one build with llama-server in CI. A cache made before these tools existed is
+completed by one more build the first time a tool is asked for; llama-server is left as it is.
+
     python -m oomguard.engines.llamacpp.build          # prints the binary's path, building it if needed
+    python -m oomguard.engines.llamacpp.build --target llama-fit-params --target ggml-rpc-server
 
 The build needs pip (to fetch the sdist from the package index), CMake and a C/C++ compiler; about 7-12
 minutes on 2 cores. Nothing is downloaded at build time besides the sdist: the web UI's prebuilt assets,
@@ -32,6 +39,12 @@ from typing import Callable, Iterator
 PINNED_VERSION = "0.3.36"
 SERVER_TARGET = "llama-server"
 FIT_PARAMS_TARGET = "llama-fit-params"  # tools/fit-params in the same vendored tree
+RPC_SERVER_TARGET = "ggml-rpc-server"    # tools/rpc: serves this machine's CPU as a remote ggml device
+QUANTIZE_TARGET = "llama-quantize"       # tools/quantize
+FIT_TARGETS = (FIT_PARAMS_TARGET, RPC_SERVER_TARGET, QUANTIZE_TARGET)
+ALL_TARGETS = (SERVER_TARGET, *FIT_TARGETS)
+_TARGET_FOLDERS = {SERVER_TARGET: "server", FIT_PARAMS_TARGET: "fit-params", RPC_SERVER_TARGET: "rpc",
+                   QUANTIZE_TARGET: "quantize"}
 VOCAB_NAME = "ggml-vocab-llama-spm.gguf"
 LOCK_TIMEOUT_S = 45 * 60
 
@@ -46,6 +59,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_UI=OFF",        # no npm
     "-DLLAMA_USE_PREBUILT_UI=OFF",  # no download of the web UI at build time
     "-DBUILD_SHARED_LIBS=OFF",     # one self-contained binary that can be copied into the cache
+    "-DGGML_RPC=ON",               # the RPC backend: ggml-rpc-server, and --rpc in the tools
 )
 
 Progress = Callable[[str], None]
@@ -170,15 +184,18 @@ def _unpack(archive: Path, dest: Path) -> Path:
 def vendored_targets(source: Path) -> dict[str, bool]:
     """Which tools of interest the vendored llama.cpp defines (read from its CMake files)."""
     found = {}
-    for target, folder in ((SERVER_TARGET, "server"), (FIT_PARAMS_TARGET, "fit-params")):
+    for target, folder in _TARGET_FOLDERS.items():
         cmake = source / "tools" / folder / "CMakeLists.txt"
         found[target] = cmake.is_file() and f"set(TARGET {target})" in cmake.read_text(errors="replace")
     return found
 
 
 def build(version: str = PINNED_VERSION, *, targets: tuple[str, ...] = (SERVER_TARGET,), jobs: int = 2,
-          progress: Progress = _stderr, keep_sources: bool = False) -> Path:
-    """Build the targets into the cache unconditionally (under the lock); returns the first binary's path."""
+          progress: Progress = _stderr, keep_sources: bool = False, also: tuple[str, ...] = ALL_TARGETS) -> Path:
+    """Build the targets into the cache unconditionally (under the lock); returns the first binary's path.
+
+    The tools in `also` that the vendored tree defines are built in the same compile (they share libllama
+    and ggml, so they add little); a requested target the tree lacks is an error."""
     missing = missing_tools()
     if missing:
         raise BuildError("cannot build llama-server: missing " + ", ".join(missing)
@@ -200,6 +217,9 @@ def build(version: str = PINNED_VERSION, *, targets: tuple[str, ...] = (SERVER_T
         for target in targets:
             if not available.get(target, True):
                 raise BuildError(f"the llama.cpp vendored in llama-cpp-python {version} has no {target} target")
+        requested = targets
+        # the other tools come along when missing (an existing llama-server is not replaced)
+        targets = tuple(dict.fromkeys([*targets, *(t for t in also if available.get(t) and not (dest / t).is_file())]))
         build_dir = work / "build"
         generator = ["-G", "Ninja"] if shutil.which("ninja") else []
         progress(f"configuring with CMake ({'Ninja' if generator else 'default generator'})")
@@ -219,7 +239,8 @@ def build(version: str = PINNED_VERSION, *, targets: tuple[str, ...] = (SERVER_T
         tmp_vocab = dest / f".{VOCAB_NAME}.tmp"
         shutil.copy2(source / "models" / VOCAB_NAME, tmp_vocab)
         os.replace(tmp_vocab, dest / VOCAB_NAME)
-        info = {"llama_cpp_python": version, "targets": list(targets), "available_targets": available,
+        present = [t for t in ALL_TARGETS if (dest / t).is_file()]
+        info = {"llama_cpp_python": version, "targets": present, "built_now": list(targets), "available_targets": available,
                 "cmake_flags": list(CMAKE_FLAGS), "seconds": round(time.monotonic() - started, 1)}
         (dest / "BUILD_INFO.json").write_text(json.dumps(info, indent=2) + "\n")
         if keep_sources:
@@ -227,7 +248,7 @@ def build(version: str = PINNED_VERSION, *, targets: tuple[str, ...] = (SERVER_T
             shutil.rmtree(kept, ignore_errors=True)
             shutil.move(str(work / "src"), kept)
         progress(f"built {', '.join(targets)} in {time.monotonic() - started:.0f} s -> {dest}")
-        return dest / targets[0]
+        return dest / requested[0]
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -243,6 +264,13 @@ def ensure_llama_server(version: str = PINNED_VERSION, *, targets: tuple[str, ..
         if cached(version, targets):  # built by whoever held the lock before us
             return binary_path(version, targets[0])
         return build(version, targets=targets, jobs=jobs, progress=progress)
+
+
+def ensure_fit_tools(version: str = PINNED_VERSION, *, jobs: int | None = None,
+                     progress: Progress | None = _stderr) -> dict[str, Path]:
+    """Paths of llama-fit-params, ggml-rpc-server and llama-quantize, building them first when missing."""
+    ensure_llama_server(version, targets=FIT_TARGETS, jobs=jobs, progress=progress)
+    return {t: binary_path(version, t) for t in FIT_TARGETS}
 
 
 def main(argv: list[str] | None = None) -> int:
