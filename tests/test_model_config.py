@@ -21,3 +21,16 @@ def test_gemma3_text_config_takes_transformers_defaults():
 def test_defaults_apply_without_a_nested_model_type():
     config = {**GEMMA3_4B, "text_config": {k: v for k, v in GEMMA3_4B["text_config"].items() if k != "model_type"}}
     assert parse_config(config, "x/y").num_heads == 8
+
+
+def test_gemma2_ties_embeddings_when_the_config_is_silent():
+    import json
+    from pathlib import Path
+
+    entry = json.loads((Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog" /
+                        "google--gemma-2-9b-it.json").read_text())
+    assert "tie_word_embeddings" not in entry["config"]      # as published
+    assert parse_config(entry["config"], entry["id"]).tie_word_embeddings
+    llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "vocab_size": 100}
+    assert not parse_config(llama, "x/llama").tie_word_embeddings   # LlamaConfig's default is False

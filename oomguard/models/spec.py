@@ -316,6 +316,9 @@ def _vision_spec(cfg: dict) -> VisionSpec | None:
 # Fields a published config.json may leave out because transformers' config class supplies them; vLLM reads the
 # config through that class, so the defaults are part of the model (transformers/models/<type>/configuration_*.py).
 _TRANSFORMERS_DEFAULTS = {
+    # configuration_gemma.py / configuration_gemma2.py: embeddings tied unless the config says otherwise
+    "gemma": {"tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True},
     # configuration_gemma3.py Gemma3TextConfig.__init__ (transformers 4.50)
     "gemma3_text": {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
