@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from oomguard.engines.vllm.memory import MemoryReport
 from oomguard.gpus.roofline import Roofline
 from oomguard.gpus.spec import GpuSpec
+from oomguard.models.params import parameter_counts
 from oomguard.models.spec import ModelSpec
 
 
@@ -33,34 +34,6 @@ class Speed:
                 "per_request_tokens_per_s": round(self.per_request_tokens_per_s, 2),
                 "prefill_tokens_per_s": round(self.prefill_tokens_per_s), "step_ms": round(self.step_seconds * 1e3, 2),
                 "bound": self.bound, "offload_ms_per_step": round(self.offload_seconds_per_step * 1e3, 2)}
-
-
-def parameter_counts(model: ModelSpec) -> tuple[float, float, float]:
-    """(total, active per token, share of parameters in routed experts), from config.json's shapes."""
-    h = model.hidden_size
-    attention = h * model.num_heads * model.head_dim * 2 + 2 * h * model.num_kv_heads * model.head_dim
-    if model.mla:
-        m = model.mla
-        q_head = m.qk_nope_head_dim + m.qk_rope_head_dim
-        q = (h * m.q_lora_rank + m.q_lora_rank * model.num_heads * q_head) if m.q_lora_rank else h * model.num_heads * q_head
-        attention = q + h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * model.num_heads * (
-            m.qk_nope_head_dim + m.v_head_dim) + model.num_heads * m.v_head_dim * h
-    total = active = experts = 0.0
-    for layer in range(model.num_layers):
-        total += attention
-        active += attention
-        if model.moe and model.moe.moe_layers[layer]:
-            moe = model.moe
-            one = 3 * h * moe.expert_intermediate_size
-            shared = 3 * h * moe.shared_intermediate_size + h * moe.num_experts
-            total += one * moe.num_experts + shared
-            active += one * moe.top_k + shared
-            experts += one * moe.num_experts
-        else:
-            total += 3 * h * model.intermediate_size
-            active += 3 * h * model.intermediate_size
-    embeddings = model.vocab_size * h * (1 if model.tie_word_embeddings else 2)
-    return total + embeddings, active + embeddings, experts / (total + embeddings)
 
 
 def decode_speed(model: ModelSpec, report: MemoryReport, gpu: GpuSpec, batch: int, context: int,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from oomguard.engines.vllm.versions import Version
 from oomguard.gpus.spec import GpuSpec
+from oomguard.models.params import parameter_counts
 from oomguard.models.spec import ModelSpec, QuantSpec
 from oomguard.plan.search import Candidate, evaluate, search
 from oomguard.plan.speed import Speed, decode_speed
@@ -92,8 +93,6 @@ def describe_break(closest: Candidate | None, workload: Workload, gpu: GpuSpec, 
 def least_bytes(model: ModelSpec, workload: Workload, kv_bytes: int) -> float:
     """A lower bound of the memory any configuration needs for the workload: 4-bit weights plus the peak's KV at
     `kv_bytes` per value (sliding-window layers hold only their window; shared prefixes once)."""
-    from oomguard.plan.speed import parameter_counts
-
     total_params = parameter_counts(model)[0]
     tokens = workload.p99_tokens
     per_token = 0.0

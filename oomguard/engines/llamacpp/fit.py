@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from oomguard.engines.llamacpp.quant import FTYPES, QUALITY_LADDER, choose_types, row_bytes, tensor_bytes
 from oomguard.engines.llamacpp.tensors import gguf_tensors, mix_context, tied_output
 from oomguard.errors import UsageError
+from oomguard.models.params import parameter_counts
 from oomguard.models.spec import ModelSpec
 from oomguard.units import GiB, MiB
 
@@ -348,19 +349,6 @@ class Speed:
                 "bound": self.bound, "kind": "roofline upper bound"}
 
 
-def _active_params(model: ModelSpec) -> float:
-    h = model.hidden_size
-    attn = 2 * h * model.num_heads * model.head_dim + 2 * h * model.num_kv_heads * model.head_dim
-    total = 0.0
-    for i in range(model.num_layers):
-        total += attn
-        if model.moe and model.moe.moe_layers[i]:
-            total += 3 * h * (model.moe.expert_intermediate_size * model.moe.top_k + model.moe.shared_intermediate_size)
-        else:
-            total += 3 * h * model.intermediate_size
-    return total + h * model.vocab_size
-
-
 def speed(model: ModelSpec, weights: Weights, kv: KvCache, split: Split, *, context_tokens: int,
           gpu_bandwidth: float, cpu_bandwidth: float = DEFAULT_CPU_BANDWIDTH, gpu_flops: float = 0.0,
           pcie_bandwidth: float = 0.0, n_ubatch: int = DEFAULT_UBATCH) -> Speed:
@@ -394,7 +382,7 @@ def speed(model: ModelSpec, weights: Weights, kv: KvCache, split: Split, *, cont
     prefill = 0.0
     if gpu_flops:
         t = n_ubatch
-        seconds = 2 * _active_params(model) * t / gpu_flops + gpu_w / (gpu_bandwidth or 1)
+        seconds = 2 * parameter_counts(model)[1] * t / gpu_flops + gpu_w / (gpu_bandwidth or 1)
         if cpu_w and pcie_bandwidth:
             seconds += cpu_w / pcie_bandwidth  # CPU-resident weights copied to the GPU once per micro-batch
         prefill = t / seconds
