@@ -7,6 +7,7 @@ import json
 import sys
 
 from oomguard.plan.recommend import Recommendation
+from oomguard.units import GiB
 
 
 def print_recommendation(rec: Recommendation, fmt: str = "table", top: int = 3) -> None:
@@ -41,19 +42,23 @@ def print_recommendation(rec: Recommendation, fmt: str = "table", top: int = 3) 
     if feasible:
         table = Table(show_edge=False, title="Configurations that serve your peak without preemption",
                       title_justify="left")
-        for col in ("#", "GPUs", "checkpoint", "TP x PP", "KV", "util", "max len", "seqs", "KV holds", "tok/s"):
+        for col in ("#", "GPUs", "checkpoint", "TP x PP", "KV", "util", "max len", "seqs", "W / KV GiB", "KV holds",
+                    "tok/s"):
             table.add_column(col, justify="left" if col in ("checkpoint", "KV") else "right")
         for i, c in enumerate(feasible[:top], 1):
             f = c.flags
             table.add_row(str(i), str(c.gpus), c.checkpoint.label,
                           f"{f['tensor_parallel_size']} x {f.get('pipeline_parallel_size', 1)}",
                           f.get("kv_cache_dtype", "auto"), f"{f['gpu_memory_utilization']:.2f}",
-                          f"{f['max_model_len']:,}", str(f["max_num_seqs"]), f"{c.held / w.peak_concurrency:.1f}x",
+                          f"{f['max_model_len']:,}", str(f["max_num_seqs"]),
+                          f"{c.report.first.weights_bytes / GiB:.1f} / {c.report.first.kv_cache_bytes / GiB:.1f}",
+                          f"{c.held / w.peak_concurrency:.1f}x",
                           f"{c.speed.decode_tokens_per_s:,.0f}")
         console.print(table)
         for i, c in enumerate(feasible[:top], 1):
             console.print(f"  [dim]#{i}[/] {c.reason}")
-        console.print("[dim]  KV holds: the KV cache's room over your peak; tok/s: decode roofline at peak[/]\n")
+        console.print("[dim]  W / KV GiB: weights and KV cache per GPU; KV holds: the KV cache's room over your peak; "
+                      "tok/s: decode roofline at peak[/]\n")
         chosen = rec.chosen
         if chosen.checkpoint.other_checkpoint:
             console.print(f"[bold yellow]Note:[/] #1 serves another checkpoint: {chosen.checkpoint.model.model_id}")
