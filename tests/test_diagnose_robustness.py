@@ -3,7 +3,6 @@ mutated real messages never raise and never hang; a large log streams in bounded
 
 import io
 import random
-import time
 import tracemalloc
 
 from hypothesis import HealthCheck, given, settings
@@ -97,7 +96,7 @@ def test_huge_lines_are_capped_and_counted():
     assert d.findings[0].cls == "tp_misconfig" and d.findings[0].evidence[0].line == 2
 
 
-def test_a_large_log_streams_in_bounded_memory_and_linear_time():
+def test_a_large_log_streams_in_bounded_memory():
     rnd = random.Random(7)
     filler = [
         "INFO 10-08 12:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 812.3 tokens/s, Avg generation "
@@ -113,15 +112,12 @@ def test_a_large_log_streams_in_bounded_memory_and_linear_time():
         return (head + body + REAL[5] + "\n").encode()
 
     small, big = log(5000), log(40000)
-    timings = []
     for data in (small, big):
         tracemalloc.start()
-        start = time.perf_counter()
         d = diagnose_sources([("big", io.BytesIO(data))], use_planner=False)
-        timings.append(time.perf_counter() - start)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert d.findings[0].cls == "gpu_memory_in_use"  # 9 GiB held by process 11
         assert d.findings[0].evidence[-1].line == data.count(b"\n")
         assert peak < 8 << 20, peak  # far below the input size: nothing grows with the log
-    assert timings[1] < timings[0] * 8 * 2.5 + 0.5  # 8x the lines: about 8x the time, never quadratic
+    # time is measured in benchmarks/diagnose_speed.py (ratios in one run), not asserted here
