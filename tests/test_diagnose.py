@@ -279,3 +279,246 @@ def test_reads_the_simulators_log_like_vllms():
     assert f["vllm_version"].startswith("0.19.0") and f["model"] == "Qwen/Qwen2.5-7B-Instruct"
     assert f["kv_cache_tokens"] == plan.kv_cache_tokens and f["max_model_len"] == 8192
     assert abs(f["weights_gib"] - plan.weights_bytes / GiB) < 0.01
+
+
+# -- every class of the contract, with the fix the issue asks for ----------------------------------------------------
+CLASS_TEXTS = {
+    "oom_weights_load": "ERROR " + messages.weights_oom(0.1 * GiB, int(23.5 * GiB)),
+    "kv_cache_too_small": "ValueError: " + messages.kv_too_small((0, 19, 0), "v1", 32768, int(4 * GiB), int(2 * GiB),
+                                                                 16000, 0),
+    "no_cache_blocks": "ValueError: " + messages.no_cache_memory((0, 19, 0), "v1"),
+    "oom_profiling_or_graph": "RuntimeError: " + messages.sampler_warmup_oom(256),
+    "oom_runtime": "INFO:     Application startup complete.\n" + TORCH_OOM,
+    "gpu_memory_in_use": "ValueError: " + messages.free_memory_too_low((0, 19, 0), int(10 * GiB), int(23.5 * GiB),
+                                                                       0.9, 21.15 * GiB),
+    "tp_misconfig": "ValueError: " + messages.tp_heads(28, 8),
+    "context_too_long": "ValueError: " + messages.max_len_above_derived(65536, 32768),
+    "tokenizer_chat_template": "ValueError: As of transformers v4.44, default chat template is no longer allowed, so "
+                               "you must provide a chat template if the tokenizer does not define one.",
+    "connection": "openai.APIConnectionError: Connection error.\nhttpx.ConnectError: [Errno 111] Connection refused",
+    "dtype_capability": "ValueError: " + messages.bf16_unsupported("Tesla T4", (7, 5)),
+    "quantization_mismatch": "ValueError: Quantization method specified in the model config (gptq) does not match "
+                             "the quantization method specified in the `quantization` argument (awq).",
+    "nccl": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, "
+            "NCCL version 2.21.5",
+    "model_access": "huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo for url "
+                    "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json.",
+    "engine_bug": "Traceback (most recent call last):\n  File \"/x/vllm/v1/core/sched/scheduler.py\", line 3, in "
+                  "schedule\nAssertionError: this should never happen",
+    "unknown": "Traceback (most recent call last):\nKeyError: 'frobnicate'",
+}
+
+
+def test_every_class_slug_of_the_contract_is_reachable():
+    assert set(CLASS_TEXTS) == set(LOG_CLASSES)
+    for cls, text in CLASS_TEXTS.items():
+        finding, _ = top(text)
+        assert finding.cls == cls, (cls, finding.cls)
+        assert finding.summary and finding.fixes and finding.evidence, cls
+        assert 0 < finding.confidence <= 1
+
+
+@pytest.mark.parametrize("cls,flag,value", [
+    ("oom_weights_load", "--tensor-parallel-size", 2),
+    ("kv_cache_too_small", "--max-model-len", 16000),
+    ("no_cache_blocks", "--max-num-batched-tokens", 2048),
+    ("oom_profiling_or_graph", "--max-num-seqs", 128),
+    ("oom_profiling_or_graph", "--max-num-batched-tokens", 2048),
+    ("oom_runtime", "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+    ("tp_misconfig", "--tensor-parallel-size", 4),
+    ("context_too_long", "--max-model-len", 32768),
+    ("tokenizer_chat_template", "--chat-template", None),
+    ("tokenizer_chat_template", "--tokenizer", None),
+    ("dtype_capability", "--dtype", "half"),
+    ("quantization_mismatch", "--quantization", "gptq"),
+    ("nccl", "NCCL_P2P_DISABLE", 1),
+    ("nccl", "--disable-custom-all-reduce", True),
+    ("model_access", "HF_TOKEN", None),
+])
+def test_the_fix_the_issue_names_is_there_with_its_value(cls, flag, value):
+    finding, _ = top(CLASS_TEXTS[cls])
+    values = fix_values(finding, flag)
+    assert values, [f.to_dict() for f in finding.fixes]
+    if value is not None:
+        assert values[0] == value
+
+
+def test_gpu_memory_in_use_leaves_room_for_what_the_other_process_holds():
+    finding, _ = top(CLASS_TEXTS["gpu_memory_in_use"])
+    (util,) = fix_values(finding, "--gpu-memory-utilization")
+    assert util * 23.5 <= 10.0 and util >= 0.35  # fits the 10 GiB free, without wasting most of it
+
+
+def test_graph_capture_oom_recommends_enforce_eager_first_of_the_flags():
+    log = "\n".join(["Traceback (most recent call last):",
+                     '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3000, in capture_model', TORCH_OOM])
+    finding, _ = top(log)
+    assert finding.cls == "oom_profiling_or_graph" and "CUDA graph" in finding.summary
+    flags = [f.flag for f in finding.fixes if f.flag]
+    assert flags[0] == "--enforce-eager" or flags[:2] == ["PYTORCH_CUDA_ALLOC_CONF", "--enforce-eager"]
+
+
+def test_connection_fix_is_a_health_check_before_requests():
+    finding, _ = top(CLASS_TEXTS["connection"])
+    assert any(f.action and "/health" in f.action for f in finding.fixes)
+
+
+def test_an_engine_bug_is_not_blamed_on_the_configuration():
+    finding, _ = top(CLASS_TEXTS["engine_bug"])
+    assert "not your configuration" in finding.summary
+    assert any(f.action and "upgrade vLLM" in f.action for f in finding.fixes)
+
+
+# -- the startup summary: everything vLLM prints about the run -------------------------------------------------------
+def test_startup_summary_reads_every_field_of_a_v1_log():
+    log = "\n".join([
+        "INFO 10-08 11:59:00 [api_server.py:1839] vLLM API server version 0.11.0",
+        "INFO 10-08 11:59:00 [utils.py:233] non-default args: {'model_tag': 'Qwen/Qwen3-32B-AWQ', 'model': "
+        "'Qwen/Qwen3-32B-AWQ', 'tensor_parallel_size': 2, 'max_model_len': 16384, 'max_num_seqs': 64}",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:05 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: "
+        "model='Qwen/Qwen3-32B-AWQ', tokenizer='Qwen/Qwen3-32B-AWQ', dtype=torch.float16, max_seq_len=16384, "
+        "tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=1, quantization=awq_marlin, "
+        "enforce_eager=False, kv_cache_dtype=auto, enable_prefix_caching=True",
+        "(VllmWorker TP0 pid=3) INFO 10-08 11:59:10 [cuda.py:325] Using Flash Attention backend on V1 engine.",
+        "(VllmWorker TP0 pid=3) INFO 10-08 11:59:20 [gpu_model_runner.py:2653] Model loading took 9.0812 GiB and "
+        "30.1 seconds",
+        "(VllmWorker TP0 pid=3) DEBUG 10-08 11:59:29 [gpu_worker.py:270] Memory profiling takes 4.12 seconds. Total "
+        "non KV cache memory: 11.02GiB; torch peak memory increase: 1.41GiB; non-torch forward increase memory: "
+        "0.53GiB; weights memory: 9.08GiB.",
+        "(VllmWorker TP0 pid=3) INFO 10-08 11:59:30 [gpu_worker.py:298] Available KV cache memory: 59.91 GiB",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:30 [kv_cache_utils.py:1087] GPU KV cache size: 490,768 tokens",
+        "(EngineCore_DP0 pid=2) INFO 10-08 11:59:30 [kv_cache_utils.py:1091] Maximum concurrency for 16,384 tokens "
+        "per request: 29.95x",
+        "(VllmWorker TP0 pid=3) INFO 10-08 11:59:50 [gpu_model_runner.py:3480] Graph capturing finished in 12 secs, "
+        "took 0.87 GiB",
+        "(APIServer pid=1) INFO:     Application startup complete.",
+    ])
+    d = diagnose_text(log, use_planner=False)
+    f = d.facts
+    assert d.findings == [] and f["warnings"] == []  # a healthy start: no warning sign
+    expected = {"engine": "vllm", "vllm_version": "0.11.0", "model": "Qwen/Qwen3-32B-AWQ", "dtype": "float16",
+                "quantization": "awq_marlin", "tensor_parallel_size": 2, "pipeline_parallel_size": 1,
+                "attention_backend": "Flash Attention", "weights_gib": 9.0812, "activation_peak_gib": 1.41,
+                "non_torch_gib": 0.53, "cuda_graph_gib": 0.87, "available_kv_gib": 59.91, "kv_cache_tokens": 490768,
+                "max_concurrency": 29.95, "max_model_len": 16384, "max_num_seqs": 64, "enforce_eager": False}
+    assert {k: f.get(k) for k in expected} == expected
+    assert f["non_default_args"]["tensor_parallel_size"] == 2 and f["non_default_args"]["max_num_seqs"] == 64
+
+
+@pytest.mark.parametrize("actual,expected", [
+    # v1/worker/gpu_worker.py --kv-cache-memory suggestion, 0.11-0.26 wording
+    ("Actual usage is 13.64 GiB for weight, 2.87 GiB for peak activation, 0.25 GiB for non-torch memory, and 1.84 "
+     "GiB for CUDAGraph memory.", {"weights_gib": 13.64, "activation_peak_gib": 2.87, "non_torch_gib": 0.25,
+                                   "cuda_graph_gib": 1.84}),
+    # >= 0.27 wording: weights and non-torch together
+    ("Actual usage is 13.89 GiB for consumed memory (weights + non-torch), 2.87 GiB for peak activation, and 1.84 GiB "
+     "for CUDAGraph memory.", {"consumed_gib": 13.89, "activation_peak_gib": 2.87, "cuda_graph_gib": 1.84}),
+])
+def test_kv_cache_memory_suggestion_line_gives_the_measured_split(actual, expected):
+    line = ("(EngineCore pid=248) DEBUG 04-22 00:59:56 [v1/worker/gpu_worker.py:661] Free memory on device (78.68/79.19 "
+            "GiB) on startup. Desired GPU memory utilization is (0.95, 75.23 GiB). " + actual + " Replace "
+            "gpu_memory_utilization config with `--kv-cache-memory=60645701632` (56.48 GiB) to fit into requested "
+            "memory, or `--kv-cache-memory=64346748928` (59.93 GiB) to fully utilize gpu memory. Current kv cache "
+            "memory in use is 58.47 GiB.")
+    f = diagnose_text(line, use_planner=False).facts
+    assert {k: f.get(k) for k in expected} == expected
+    assert f["gpu_memory_utilization"] == 0.95 and f["total_gpu_memory_gib"] == 79.19
+    assert f["available_kv_gib"] == 58.47
+    assert any("0.95" in w for w in f["warnings"])  # utilization at or above 0.95 is a warning sign
+
+
+def test_the_serve_line_in_a_pasted_log_is_rewritten_whole():
+    log = ("$ vllm serve --trust-remote-code --tensor_parallel_size 2 --gpu_memory_utilization=0.9 "
+           "--served-model-name chat Qwen/Qwen2.5-14B-Instruct --tool-call-parser hermes\n"
+           "ValueError: " + messages.kv_too_small((0, 19, 0), "v1", 32768, int(6 * GiB), int(3 * GiB), 16384, 0))
+    finding, d = top(log)
+    assert d.facts["tensor_parallel_size"] == 2 and d.facts["model"] == "Qwen/Qwen2.5-14B-Instruct"
+    assert finding.cls == "kv_cache_too_small"
+    cmd = finding.command
+    assert cmd.startswith("vllm serve Qwen/Qwen2.5-14B-Instruct --tensor-parallel-size 2 ")
+    assert "--max-model-len 16384" in cmd and "--gpu-memory-utilization 0.9" in cmd
+    for kept in ("--trust-remote-code", "--served-model-name chat", "--tool-call-parser hermes"):
+        assert kept in cmd, kept
+
+
+def test_prose_that_mentions_vllm_serve_is_not_a_command():
+    d = diagnose_text("hint: use vllm serve to start the server, then retry", use_planner=False)
+    assert "serve_command" not in d.facts and "model" not in d.facts
+
+
+def test_planner_checks_the_fix_and_says_where_the_log_differs_from_its_prediction():
+    from oomguard.plan.api import predict
+    report = predict("meta-llama/Llama-3.1-8B-Instruct", "rtx4090", vllm_version="0.19.0",
+                     flags={"max_model_len": 131072})
+    assert not report.starts and report.estimated_max_model_len
+    log = "\n".join([
+        "|   0  NVIDIA GeForce RTX 4090        On  |   00000000:01:00.0 Off |                  Off |",
+        "(APIServer pid=1) INFO 10-08 12:00:00 [api_server.py:1839] vLLM API server version 0.19.0",
+        "(APIServer pid=1) INFO 10-08 12:00:00 [utils.py:233] non-default args: {'model_tag': "
+        "'meta-llama/Llama-3.1-8B-Instruct', 'model': 'meta-llama/Llama-3.1-8B-Instruct', 'max_model_len': 131072, "
+        "'port': 8001}",
+        "(EngineCore_DP0 pid=9) INFO 10-08 12:00:20 [gpu_model_runner.py:2653] Model loading took 14.99 GiB memory "
+        "and 10.1 seconds",
+        # measured: less KV memory than the planner predicts (say, a desktop session holds some of the GPU)
+        "(EngineCore_DP0 pid=9) INFO 10-08 12:00:29 [gpu_worker.py:436] Available KV cache memory: 3.10 GiB",
+        "(EngineCore_DP0 pid=9) ERROR 10-08 12:00:30 [core.py:700] ValueError: "
+        + messages.kv_too_small((0, 19, 0), "v1", 131072, int(16 * GiB), int(3.1 * GiB), 25376, 0),
+    ])
+    d = diagnose_text(log)
+    finding = d.findings[0]
+    assert finding.cls == "kv_cache_too_small" and d.facts["planner"] == "ok"
+    assert finding.command == ("vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 25376 --port 8001")
+    assert any(n.startswith("planner: with --max-model-len 25376 vLLM 0.19.0 starts") for n in finding.notes)
+    rows = {r["what"]: r for r in d.facts["comparison"]}
+    assert rows["weights_gib"]["differs"] is False
+    assert rows["available_kv_gib"]["differs"] is True and rows["available_kv_gib"]["measured"] == 3.10
+
+
+@pytest.mark.parametrize("line,model,flags,extra", [
+    ("vllm serve org/m --max_model_len=8192 -tp 2", "org/m", {"max_model_len": 8192, "tensor_parallel_size": 2}, []),
+    ("python -m vllm.entrypoints.openai.api_server --model org/m --port 8000", "org/m", {}, ["--port", "8000"]),
+    ("vllm serve --chat-template ./t.jinja org/m", "org/m", {}, ["--chat-template", "./t.jinja"]),
+    ("vllm serve --served-model-name chat --trust-remote-code /models/m", "/models/m", {},
+     ["--served-model-name", "chat", "--trust-remote-code"]),
+])
+def test_serve_lines_are_read_like_vllms_parser(line, model, flags, extra):
+    from oomguard.diagnose.facts import parse_serve_command
+    assert parse_serve_command(line) == {"model": model, "flags": flags, "extra": extra}
+
+
+STARTUP_DATA = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "data" / \
+    "vllm_startup_logs.jsonl"
+# record field -> startup-summary key
+SUMMARY_FIELDS = {"weights_gib": "weights_gib", "activation_peak_gib": "activation_peak_gib",
+                  "non_torch_gib": "non_torch_gib", "cuda_graph_gib": "cuda_graph_gib",
+                  "kv_cache_memory_gib": "available_kv_gib", "kv_cache_tokens": "kv_cache_tokens",
+                  "max_concurrency": "max_concurrency", "gpu_memory_utilization": "gpu_memory_utilization"}
+
+
+@pytest.mark.skipif(not STARTUP_DATA.is_file(), reason="shared data not present")
+def test_startup_summary_on_real_startup_logs():
+    """The summary read from each record's raw log excerpt never contradicts what the record says vLLM printed
+    (a rank's own line may differ from the record's choice of rank: then the value must be in the excerpt), and it
+    finds most of it (the misses are excerpts that hold a person's paraphrase, not vLLM's line)."""
+    import json
+    found, total = {}, {}
+    for line in STARTUP_DATA.read_text().splitlines():
+        record = json.loads(line)
+        text = record.get("raw_excerpt") or ""
+        facts = diagnose_text(text, use_planner=False).facts
+        for field, key in SUMMARY_FIELDS.items():
+            want = record.get(field)
+            if want is None:
+                continue
+            total[field] = total.get(field, 0) + 1
+            got = facts.get(key)
+            if got is None:
+                continue
+            if abs(float(got) - float(want)) <= 0.011 * max(1.0, abs(float(want))):
+                found[field] = found.get(field, 0) + 1
+            else:
+                assert f"{got}" in text or f"{got:,}" in text, (record["id"], field, want, got)
+    for field in ("weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib"):
+        assert found.get(field, 0) >= 0.85 * total[field], (field, found.get(field), total[field])
+    for field in ("kv_cache_memory_gib", "kv_cache_tokens", "max_concurrency", "gpu_memory_utilization"):
+        assert found.get(field, 0) >= 0.7 * total[field], (field, found.get(field), total[field])

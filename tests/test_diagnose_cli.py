@@ -176,3 +176,33 @@ def test_accuracy_on_real_failures_meets_the_target():
     assert result["top1"] >= TARGET, result["misses"]
     failed = [c for c in result["checks"] if not c["ok"]]
     assert not failed, failed
+
+
+def test_a_real_pipe_with_crlf_and_colour(tmp_path):
+    data = KV_LOG.replace("ValueError", "\x1b[1;31mValueError\x1b[0m").replace("\n", "\r\n").encode()
+    proc = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", "-", "--json", "--no-planner"], input=data,
+                          capture_output=True, timeout=60)
+    finding = json.loads(proc.stdout)["findings"][0]
+    assert proc.returncode == 1 and finding["class"] == "kv_cache_too_small"
+    assert finding["fixes"][0]["value"] == 46000 and finding["evidence"][0]["line"] == 3
+
+
+@pytest.mark.parametrize("stdin,args,needle", [
+    (b"", ["-"], "the input is empty"),
+    (KV_LOG.encode(), ["-", "--command", "vllm serve"], "--command takes the launch line"),
+    (KV_LOG.encode(), ["-", "--command", "vllm serve 'unbalanced"], "--command takes the launch line"),
+])
+def test_bad_stdin_and_command_exit_2_in_one_line(stdin, args, needle):
+    proc = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", *args], input=stdin, capture_output=True,
+                          timeout=60)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and needle in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_binary_garbage_is_not_an_error(tmp_path):
+    import random
+    garbage = bytes(random.Random(3).getrandbits(8) for _ in range(20000))
+    proc = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", "-", "--json"], input=garbage,
+                          capture_output=True, timeout=60)
+    assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr.decode()
+    assert json.loads(proc.stdout)["facts"]["lines_read"] > 0

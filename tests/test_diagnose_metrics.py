@@ -182,3 +182,98 @@ def test_watch_sees_trends(server, capsys):
 def test_unreadable_pages_exit_2(server, capsys, path, needle):
     code, data, err = diagnose(["--metrics", server.url(path)], capsys)
     assert code == 2 and needle in err and "Traceback" not in err
+
+
+# -- the vLLM simulator (`oomguard simulate`) under load: a real /metrics page, old and new names ----------------
+def _load(url, n=24, prompt_words=150, max_tokens=200):
+    import threading
+    import urllib.request
+
+    def post():
+        body = json.dumps({"model": "sim-model", "prompt": "word " * prompt_words, "max_tokens": max_tokens}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=120).read()
+        except OSError:  # the simulator stops at the end of the test
+            pass
+
+    threads = [threading.Thread(target=post, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+@pytest.mark.parametrize("version,usage_name", [("0.8.5", "vllm:gpu_cache_usage_perc"),
+                                                ("0.19.0", "vllm:kv_cache_usage_perc")])
+def test_simulator_under_load_old_and_new_names(vllm_simulator, capsys, version, usage_name):
+    import urllib.request
+    # 80 blocks x 16 = 1,280 tokens of KV cache; 24 requests of about 350 tokens each cannot all fit
+    sim = vllm_simulator(num_gpu_blocks=80, max_model_len=1024, speed=1.0, vllm_version=version)
+    page = urllib.request.urlopen(sim.url + "/metrics", timeout=10).read().decode()
+    assert usage_name in page
+    other = {"vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"} - {usage_name}
+    assert not any(line.startswith(tuple(other)) for line in page.splitlines())  # only one of the two names
+    _load(sim.url)
+    code, data, _ = diagnose(["--metrics", sim.url + "/metrics", "--watch", "2", "--interval", "0.2"], capsys)
+    classes = [f["class"] for f in data["findings"]]
+    assert code == 1
+    assert {"kv_pressure", "preemptions_rising"} <= set(classes), classes
+    kv = next(f for f in data["findings"] if f["class"] == "kv_pressure")
+    seqs = next(f["value"] for f in kv["fixes"] if f.get("flag") == "--max-num-seqs")
+    assert 1 <= seqs <= 1280 // 150  # requests of at least 150 prompt tokens: no more than 8 fit in 1,280 tokens
+    assert data["facts"]["engine"] == "vllm" and data["facts"]["kv_cache_tokens"] == 1280
+
+
+def test_idle_simulator_is_healthy(vllm_simulator, capsys):
+    sim = vllm_simulator(num_gpu_blocks=1000, max_model_len=2048, speed=100.0, vllm_version="0.11.0")
+    code, data, _ = diagnose(["--metrics", sim.url + "/metrics"], capsys)
+    assert code == 0 and data["findings"] == [] and data["facts"]["kv_usage"] == 0
+
+
+# -- rules one by one, on pages with the engines' real names -----------------------------------------------------
+def gpu_page(used_mib, util=0.5):
+    return vllm_page(kv=util, waiting=0, preempt=0, hits=80000, queue_sum=0.5) + (
+        "# TYPE DCGM_FI_DEV_FB_USED gauge\n"
+        f'DCGM_FI_DEV_FB_USED{{gpu="0",UUID="GPU-1",modelName="NVIDIA H100 80GB HBM3"}} {used_mib}\n')
+
+
+def test_rules_one_at_a_time():
+    from oomguard.diagnose.metrics_watch import metric_findings
+    from oomguard.metrics import parse_metrics
+
+    def classes(pages, dt=1.0):
+        return {f.cls for f in metric_findings([(i * dt, parse_metrics(p)) for i, p in enumerate(pages)])}
+
+    # KV pressure needs both: nearly full AND requests waiting
+    assert "kv_pressure" in classes([vllm_page(kv=0.95, waiting=3)])
+    assert "kv_pressure" not in classes([vllm_page(kv=0.95, waiting=0)])
+    assert "kv_pressure" not in classes([vllm_page(kv=0.85, waiting=9)])
+    # preemptions rising across a window; flat counters are not
+    assert "preemptions_rising" in classes([vllm_page(preempt=5), vllm_page(preempt=9)])
+    assert "preemptions_rising" not in classes([vllm_page(preempt=5), vllm_page(preempt=5)])
+    # queue growing: monotonic over >= 3 scrapes
+    assert "queue_growing" in classes([vllm_page(waiting=w) for w in (1, 3, 6, 9)])
+    assert "queue_growing" not in classes([vllm_page(waiting=w) for w in (1, 9, 3, 9)])
+    # prefix cache hit rate under 30% only matters when prefix caching is on
+    low = vllm_page(queries=100000, hits=12000)
+    assert "prefix_cache_low_hit_rate" in classes([low])
+    assert "prefix_cache_low_hit_rate" not in classes([low.replace('enable_prefix_caching="True"',
+                                                                   'enable_prefix_caching="False"')])
+    assert "prefix_cache_low_hit_rate" not in classes([vllm_page(queries=100000, hits=45000)])
+    # GPU memory (DCGM exporter gauge on the same page) growing on every scrape is a leak; a plateau is not
+    assert "memory_growing" in classes([gpu_page(40000 + 300 * i) for i in range(5)])
+    assert "memory_growing" not in classes([gpu_page(40000 + 300 * (i % 2)) for i in range(5)])
+    assert "memory_growing" not in classes([gpu_page(40000) for _ in range(5)])
+    # TTFT dominated by queue time (means over the window), not when prefill dominates
+    assert "ttft_queue_bound" in classes([vllm_page(queue_sum=40.0, ttft_sum=50.0)])
+    assert "ttft_queue_bound" not in classes([vllm_page(queue_sum=5.0, ttft_sum=50.0)])
+
+
+def test_sglang_kv_pressure_and_low_hit_rate_is_read():
+    from oomguard.diagnose.metrics_watch import metric_findings
+    from oomguard.metrics import parse_metrics
+    page = SGLANG.replace("0.42", "0.96").replace('sglang:num_queue_reqs{model_name="m"} 0',
+                                                  'sglang:num_queue_reqs{model_name="m"} 7')
+    sample = parse_metrics(page)
+    assert sample.engine == "sglang" and sample.kv_usage == 0.96 and sample.waiting == 7
+    assert [f.cls for f in metric_findings([(0.0, sample)])] == ["kv_pressure"]

@@ -1,8 +1,10 @@
 """Robustness: arbitrary bytes, binary garbage, huge lines, truncated and interleaved logs, ANSI colour, CRLF and
 mutated real messages never raise and never hang; a large log streams in bounded memory with right line numbers."""
 
+import contextlib
 import io
 import random
+import signal
 import tracemalloc
 
 from hypothesis import HealthCheck, given, settings
@@ -97,27 +99,131 @@ def test_huge_lines_are_capped_and_counted():
 
 
 def test_a_large_log_streams_in_bounded_memory():
+    """8x the lines, the same peak memory: nothing the scanner keeps grows with the input. (Linear time is measured
+    by benchmarks/diagnose_speed.py as ratios over logs of growing size, not timed here.)"""
     rnd = random.Random(7)
     filler = [
         "INFO 10-08 12:00:{s:02d} [loggers.py:123] Engine 000: Avg prompt throughput: 812.3 tokens/s, Avg generation "
         "throughput: 95.1 tokens/s, Running: {r} reqs, Waiting: 0 reqs, GPU KV cache usage: 41.2%",
         'INFO:     127.0.0.1:{p} - "POST /v1/chat/completions HTTP/1.1" 200 OK',
         "(APIServer pid=1) INFO 10-08 12:00:{s:02d} [engine.py:331] Added request chatcmpl-{p}.",
+        # lines that feed the bounded state: error lines, traceback frames per process, signature hits, facts
+        "(APIServer pid=1) ERROR 10-08 12:00:{s:02d} [serving_chat.py:236] Error in preprocessing prompt inputs",
+        '(EngineCore_DP0 pid={p})   File "/x/vllm/v1/worker/gpu_model_runner.py", line {r}, in execute_model',
+        "openai.APIConnectionError: Connection error. httpx.ConnectError: [Errno 111] Connection refused {p}",
+        "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:1087] GPU KV cache size: {p},512 tokens",
     ]
 
     def log(n):
         head = "INFO vLLM API server version 0.11.0\nINFO:     Application startup complete.\n"
         body = "".join(rnd.choice(filler).format(s=rnd.randint(0, 59), r=rnd.randint(1, 64), p=rnd.randint(1, 9999))
                        + "\n" for _ in range(n))
-        return (head + body + REAL[5] + "\n").encode()
+        return (head + REAL[5] + "\n" + body).encode()
 
-    small, big = log(5000), log(40000)
-    for data in (small, big):
+    peaks = []
+    for n in (5000, 40000):
+        data = log(n)
         tracemalloc.start()
         d = diagnose_sources([("big", io.BytesIO(data))], use_planner=False)
-        peak = tracemalloc.get_traced_memory()[1]
+        peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-        assert d.findings[0].cls == "gpu_memory_in_use"  # 9 GiB held by process 11
-        assert d.findings[0].evidence[-1].line == data.count(b"\n")
-        assert peak < 8 << 20, peak  # far below the input size: nothing grows with the log
-    # time is measured in benchmarks/diagnose_speed.py (ratios in one run), not asserted here
+        assert d.findings[0].cls == "gpu_memory_in_use"  # the first OOM (9 GiB held by process 11) is the root
+        assert d.facts["lines_read"] == data.count(b"\n")
+        assert max(e.line for f in d.findings for e in f.evidence) > n  # evidence reaches the end of the log
+    assert peaks[1] <= peaks[0] * 1.2 + (64 << 10), peaks  # 8x the input, no more memory
+    assert peaks[1] < 4 << 20, peaks                       # and far below the 4 MB input
+
+
+@contextlib.contextmanager
+def hang_guard(seconds):
+    """Fail instead of hanging the suite when a block runs far past what it needs: a guard, not a timing."""
+    def expired(*_):
+        raise AssertionError(f"still running after {seconds} s: a super-linear regex or loop")
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+JUNK = ["1", "a", " ", "1.", "x=1, ", "'", "1 ", "1.00 GiB ", "1,", "{'a': ", "(", "a_", "\\", "-", "1.0 MiB; "]
+
+
+def all_regexes():
+    from oomguard.diagnose import facts, oom, reader, scan
+    from oomguard.engines.llamacpp import signatures as llamacpp
+    from oomguard.engines.vllm import startup_log
+    out = [(s.id, s.regex) for s in scan.ALL_SIGNATURES if s.regex is not None]
+    out += [(name, rx) for name, _, rx in startup_log.FACTS + llamacpp.FACTS]
+    out += list(oom._PATTERNS.items()) + [("oom.gpu", oom._GPU), ("oom.other", oom._OTHER)]
+    out += [("prefix", scan._PREFIX), ("frame", scan._FRAME), ("kv_pair", facts._KV_PAIR),
+            ("dict_pair", facts._DICT_PAIR), ("ansi", reader._ANSI)]
+    return out
+
+
+def test_no_pattern_backtracks_on_long_runs():
+    """Every regex on 40,000 characters of one repeated unit (about what a window of capped lines holds). A
+    quadratic pattern (a number or word class that may start mid-run) takes about a minute per pattern here; the
+    linear ones all finish in about a second together."""
+    regexes = all_regexes()
+    assert len(regexes) > 80
+    with hang_guard(60):
+        for name, rx in regexes:
+            for unit in JUNK:
+                text = (unit * (40000 // len(unit) + 1))[:40000]
+                rx.search(text)
+                rx.findall(text)
+
+
+def test_every_needle_followed_or_preceded_by_junk_never_hangs():
+    """Each needle the scanner looks for, at the start and at the end of a full-length line of digits, words,
+    sizes...: the scan reads the numbers of every hit and still finishes."""
+    from oomguard.diagnose.scan import Scanner
+    lines = []
+    for i, needle in enumerate(Scanner()._handlers):
+        unit = JUNK[i % len(JUNK)]
+        lines.append(needle + (unit * (MAX_LINE // len(unit)))[:MAX_LINE])
+        lines.append((unit * MAX_LINE)[:MAX_LINE - len(needle)] + needle)
+    with hang_guard(45):
+        check(diagnose_sources([("junk", io.BytesIO("\n".join(lines).encode()))], use_planner=False))
+
+
+DATA = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _real_logs():
+    import json
+    texts = []
+    for name, key in (("vllm_failures.jsonl", "error_text"), ("vllm_startup_logs.jsonl", "raw_excerpt")):
+        path = DATA / name
+        if path.is_file():
+            texts += [json.loads(line).get(key) or "" for line in path.read_text().splitlines() if line.strip()]
+    return [t for t in texts if t]
+
+
+REAL_LOGS = _real_logs()
+
+
+@__import__("pytest").mark.skipif(not REAL_LOGS, reason="shared data not present")
+@FAST
+@given(st.sampled_from(REAL_LOGS or ["x"]), st.sampled_from(REAL_LOGS or ["x"]), st.randoms(use_true_random=False),
+       st.lists(st.tuples(st.integers(0, 5000), st.binary(min_size=1, max_size=6)), max_size=10),
+       st.sampled_from(["\n", "\r\n"]), st.booleans())
+def test_mutated_and_interleaved_real_logs(a, b, rnd, edits, newline, colour):
+    """Two real logs (failures and startups of ../shared/data) interleaved line by line, bytes overwritten,
+    coloured, CRLF, cut at a random point."""
+    lines_a, lines_b = a.split("\n"), b.split("\n")
+    mixed = []
+    while lines_a or lines_b:
+        source = lines_a if (rnd.random() < 0.5 and lines_a) or not lines_b else lines_b
+        line = source.pop(0)
+        mixed.append(f"\x1b[3{rnd.randint(0, 7)}m{line}\x1b[0m" if colour else line)
+    raw = bytearray(newline.join(mixed).encode())
+    for pos, junk in edits:
+        pos = min(pos, len(raw))
+        raw[pos:pos + len(junk)] = junk
+    cut = rnd.randint(0, len(raw))
+    check(diagnose_sources([("real", io.BytesIO(bytes(raw[:cut])))], use_planner=False))
+    check(diagnose_text(bytes(raw).decode("utf-8", "replace"), use_planner=True))

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         if args.watch is not None:
             raise UsageError("--watch needs --metrics URL")
         diagnosis = _diagnose_files(args)
+        if not diagnosis.facts.get("lines_read"):
+            raise UsageError("the input is empty: give the server's log (docker logs NAME 2>&1 | oomguard diagnose -)")
     if args.json:
         render.print_json(diagnosis)
     else:
@@ -54,9 +56,12 @@ def run(args: argparse.Namespace) -> int:
 def _command(text: str | None) -> dict | None:
     if not text:
         return None
-    from oomguard.engines.vllm.flags import parse_vllm_command
-    parsed = parse_vllm_command(text)
-    return {"model": parsed.model, "flags": dict(parsed.flags)}
+    from oomguard.diagnose.facts import parse_serve_command
+    from oomguard.errors import UsageError
+    command = parse_serve_command(text)
+    if command is None:
+        raise UsageError("--command takes the launch line, e.g. --command \"vllm serve MODEL --max-model-len 8192\"")
+    return command
 
 
 def _diagnose_files(args: argparse.Namespace):

@@ -210,7 +210,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("bf16.generic", "dtype_capability", "bfloat16 is not supported", 0.75, "various", cause="This GPU "
               "has no bfloat16 support."),
     # --- quantized checkpoints vs loader ---
-    Signature("quant.key", "quantization_mismatch", "keyerror: '", 0.3, "weight loading", kind="hint",
+    Signature("quant.key", "quantization_mismatch", "keyerror: '", 0.3, "weight loading", kind="hint", require=True,
               pattern=r"KeyError: '(?P<key>[^']*(?:weight_scale|qweight|qzeros|scales|g_idx|input_scale)[^']*)'",
               cause="A quantized tensor name does not match what the loader expects."),
     # --- crashes that are the engine's fault, not the configuration's ---

@@ -10,7 +10,7 @@ from oomguard.engines.vllm.startup_log import ENGINE_CONFIG_KEYS
 
 # vLLM argparse dests we carry into a rewritten `vllm serve` line (oomguard.engines.vllm.flags.FLAGS)
 _SLOW_BACKENDS = re.compile(r"xformers|triton|flex|sdpa|torch", re.I)
-_KV_PAIR = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()]+?)(?=, \w+=|\)?$)")
+_KV_PAIR = re.compile(r"(?<!\w)(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[^,()]+?)(?=, \w+=|\)?$)")
 _DICT_PAIR = re.compile(r"'(\w+)':\s*('(?:[^'\\]|\\.)*'|\"[^\"]*\"|[^,{}]+)")
 
 
@@ -106,12 +106,16 @@ def build(raw: dict, engines: set[str]) -> dict:
         facts["max_concurrency"] = to_number(raw["max_concurrency"]["max_concurrency"])
         facts["max_concurrency_tokens"] = to_number(raw["max_concurrency"]["max_concurrency_tokens"])
         facts.setdefault("max_model_len", facts["max_concurrency_tokens"])
-    for name in ("v0_profile", "v1_profile"):
+    for name in ("v0_profile", "v1_profile", "v1_actual", "v1_actual_consumed"):
         for key, value in raw.get(name, {}).items():
             facts.setdefault(key, to_number(value))
     if "v0_budget" in raw:
         facts["total_gpu_memory_gib"] = to_number(raw["v0_budget"]["total_gpu_memory_gib"])
         facts.setdefault("gpu_memory_utilization", to_number(raw["v0_budget"]["gpu_memory_utilization"]))
+    if "kv_in_use_gib" in raw:
+        facts.setdefault("available_kv_gib", to_number(raw["kv_in_use_gib"]["v"]))
+    if "v1_desired" in raw:
+        facts.setdefault("gpu_memory_utilization", to_number(raw["v1_desired"]["gpu_memory_utilization"]))
     if "v1_budget" in raw:
         facts.setdefault("gpu_memory_utilization", to_number(raw["v1_budget"]["gpu_memory_utilization"]))
     if "free_total" in raw:
@@ -133,7 +137,73 @@ def build(raw: dict, engines: set[str]) -> dict:
         facts.setdefault("gpu_name", raw["llamacpp_device"]["name"].strip())
         facts["compute_capability"] = raw["llamacpp_device"]["cc"]
     _llamacpp(raw, facts)
+    if "serve_command" in raw:
+        _serve_command(raw["serve_command"]["v"], facts)
     return facts
+
+
+def _serve_command(text: str, facts: dict) -> None:
+    """The `vllm serve` line the log shows: its text, and (under `_serve_command`) the model and flags, which the
+    pipeline uses like --command (what vLLM itself printed still wins)."""
+    command = parse_serve_command(text, need_path=True)
+    if command:
+        facts["serve_command"] = text.strip()[:2000]
+        facts["_serve_command"] = command
+
+
+def parse_serve_command(text: str, need_path: bool = False) -> dict | None:
+    """{"model", "flags" (vLLM dest names), "extra" (the options oomguard does not model, with their values, kept
+    verbatim so a rewritten line stays complete)} from a `vllm serve ...` or `python -m vllm.entrypoints...` line;
+    None when it has no model (or, with need_path, a model without a '/': a word of prose, not an id or path)."""
+    import shlex
+
+    from oomguard.engines.vllm.flags import parse_vllm_command
+    try:
+        words = shlex.split(text.strip()[:2000])
+    except ValueError:  # unbalanced quotes
+        return None
+    # vLLM's parser takes --max_model_len as --max-model-len (FlexibleArgumentParser)
+    words = [w.split("=", 1)[0].replace("_", "-") + w[len(w.split("=", 1)[0]):] if w.startswith("--") else w
+             for w in words]
+    try:
+        parsed = parse_vllm_command(words)
+    except (ValueError, SystemExit):  # a flag without its value
+        return None
+    ignored = set(parsed.ignored)
+
+    def follows_unknown_option(i: int) -> bool:
+        return i > 0 and words[i - 1] in ignored
+
+    at = words.index(parsed.model) if parsed.model in words else -1
+    if parsed.model and ("/" not in parsed.model or follows_unknown_option(at)):
+        # an option oomguard does not know took the model's place (`--served-model-name chat org/model`, or its
+        # value was taken for the model: `--chat-template ./t.jinja org/model`): try the words that look like a
+        # model id or path, those that follow no unknown option first, right after the launcher
+        after = next((i + 1 for i, w in enumerate(words) if w == "serve" or w.endswith("api_server")), 0)
+        found = [i for i, w in enumerate(words) if "/" in w and not w.startswith("-") and i >= after]
+        for i in sorted(found, key=follows_unknown_option):
+            word = words[i]
+            trial = words[:after] + [word] + words[after:i] + words[i + 1:]
+            try:
+                candidate = parse_vllm_command(trial)
+            except (ValueError, SystemExit):
+                continue
+            if candidate.model == word:
+                words, parsed = trial, candidate
+                break
+    if not parsed.model or (need_path and "/" not in parsed.model):
+        return None
+    extra: list[str] = []
+    ignored = set(parsed.ignored)
+    keep = False
+    for word in words:
+        if word.startswith("-"):
+            keep = word in ignored
+        elif word == parsed.model:
+            keep = False
+        if keep:
+            extra.append(word)
+    return {"model": parsed.model, "flags": dict(parsed.flags), "extra": extra}
 
 
 def _llamacpp(raw: dict, facts: dict) -> None:

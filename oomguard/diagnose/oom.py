@@ -17,7 +17,8 @@ import re
 
 _UNIT = {"b": 1 / (1 << 30), "kib": 1 / (1 << 20), "kb": 1 / (1 << 20), "mib": 1 / 1024, "mb": 1 / 1024,
          "gib": 1.0, "gb": 1.0, "tib": 1024.0, "tb": 1024.0, "bytes": 1 / (1 << 30)}
-_SIZE = r"(\d+(?:\.\d+)?)\s*(bytes|[KMGT]i?B|B)\b"
+# the look-behind starts a number only at its first digit: without it a long run of digits is quadratic
+_SIZE = r"(?<![\d.])(\d+(?:\.\d+)?)\s*(bytes|[KMGT]i?B|B)\b"
 
 _PATTERNS = {
     "tried_gib": re.compile(r"Tried to allocate " + _SIZE, re.I),

@@ -32,6 +32,9 @@ def diagnose_text(text: str, command: dict | None = None, use_planner: bool = Tr
 
 def _conclude(scanner: Scanner, command: dict | None, use_planner: bool) -> Diagnosis:
     facts = facts_mod.build(scanner.facts.get("_raw", {}), scanner.engines)
+    logged = facts.pop("_serve_command", None)
+    if command is None and logged:  # the `vllm serve` line in the log stands in for --command
+        command = logged
     if command:
         if command.get("model"):
             facts.setdefault("model", command["model"])

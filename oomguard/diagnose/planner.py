@@ -65,7 +65,14 @@ def _flag_dest(fix: Fix) -> str | None:
 def serve_line(model: str, flags: dict, facts: dict, env: dict | None = None, extra: list[str] | None = None) -> str:
     from oomguard.engines.vllm.flags import format_vllm_command
     line = format_vllm_command(model, flags)
-    tail = _extra_args(facts) + list(extra or [])
+    tail = _extra_args(facts)
+    given = {w.split("=", 1)[0] for w in tail if w.startswith("-")}
+    skip = False
+    for word in extra or []:  # the user's own options oomguard does not model, unless the log already gave them
+        if word.startswith("-"):
+            skip = word.split("=", 1)[0] in given
+        if not skip:
+            tail.append(shlex.quote(word) if not word.startswith("-") else word)
     prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
     return (prefix + " " if prefix else "") + line + (" " + " ".join(tail) if tail else "")
 
@@ -147,7 +154,7 @@ def advise(finding: Finding, facts: dict, command: dict | None = None, use_plann
         fix, dest, report = chosen
         new_flags = dict(flags, **{dest: fix.value})
         first_env = {k: v for k, v in env.items() if finding.fixes and finding.fixes[0].flag == k}
-        finding.command = serve_line(model, new_flags, facts, first_env)
+        finding.command = serve_line(model, new_flags, facts, first_env, (command or {}).get("extra"))
         if report is not None:
             version = f" {facts['vllm_version']}" if facts.get("vllm_version") else ""
             finding.notes.append(f"planner: with {fix.render()} vLLM{version} starts; "
@@ -155,7 +162,7 @@ def advise(finding: Finding, facts: dict, command: dict | None = None, use_plann
                                  f"{report.max_concurrency:.2f}x at {report.max_model_len:,} tokens")
     elif env and finding.fixes and finding.fixes[0].flag in env:
         first = finding.fixes[0]
-        finding.command = serve_line(model, flags, facts, {first.flag: first.value})
+        finding.command = serve_line(model, flags, facts, {first.flag: first.value}, (command or {}).get("extra"))
     if status:
         finding.notes.append(status)
 

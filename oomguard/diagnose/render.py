@@ -12,7 +12,7 @@ _FACT_ORDER = ("engine", "vllm_version", "model", "gpu_name", "total_gpu_memory_
                "data_parallel_size", "max_model_len", "gpu_memory_utilization", "max_num_seqs",
                "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching", "attention_backend", "weights_gib",
                "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "available_kv_gib", "kv_cache_tokens",
-               "num_gpu_blocks", "max_concurrency", "n_ctx", "n_ctx_slot", "n_parallel", "n_ctx_train", "gpu_layers_offloaded", "model_layers",
+               "num_gpu_blocks", "max_concurrency", "serve_command", "n_ctx", "n_ctx_slot", "n_parallel", "n_ctx_train", "gpu_layers_offloaded", "model_layers",
                "kv_usage", "running", "waiting", "preemptions_total", "prefix_cache_hit_rate", "samples", "window_s")
 
 

@@ -207,7 +207,7 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="vLLM does not know the quantization method {quantization}."),
     Signature("vllm.quant_dtype", "quantization_mismatch", "is not supported for quantization method", 0.95,
               "model_executor/model_loader/utils.py:get_quant_config",
-              pattern=r"(?P<dtype>torch\.\w+|\w+) is not supported for quantization method (?P<quantization>[^.\s]+)\."
+              pattern=r"(?<![\w.])(?P<dtype>torch\.\w+|\w+) is not supported for quantization method (?P<quantization>[^.\s]+)\."
                       r"\s*Supported dtypes: (?P<supported>\[[^\]]*\])",
               cause="The {quantization} kernels do not take {dtype} activations (supported: {supported})."),
     Signature("vllm.quant_config_missing", "quantization_mismatch", "cannot find the config file for", 0.9,

@@ -40,6 +40,19 @@ FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile
     ("v1_budget", "requested memory:", r"Initial free memory: (?P<initial_free_gib>[\d.]+) GiB; Requested memory: "
                                        r"(?P<gpu_memory_utilization>[\d.]+) \(util\), (?P<requested_gib>[\d.]+) GiB"),
     ("available_kv_gib", "available kv cache memory:", r"Available KV cache memory: (?P<v>-?[\d.]+) ?GiB"),
+    # v1/worker/gpu_worker.py --kv-cache-memory suggestion (row 11; DEBUG 0.11-0.25, INFO >= 0.26): what was used
+    ("v1_actual", "actual usage is", r"Actual usage is (?P<weights_gib>[\d.]+) ?GiB for weight, "
+                                     r"(?P<activation_peak_gib>[\d.]+) ?GiB for peak activation, "
+                                     r"(?P<non_torch_gib>[\d.]+) ?GiB for non-torch memory, and "
+                                     r"(?P<cuda_graph_gib>-?[\d.]+) ?GiB for CUDAGraph memory"),          # 0.11-0.26
+    ("v1_actual_consumed", "actual usage is", r"Actual usage is (?P<consumed_gib>[\d.]+) ?GiB for consumed memory "
+                                              r"\(weights \+ non-torch\), (?P<activation_peak_gib>[\d.]+) ?GiB for "
+                                              r"peak activation, and (?P<cuda_graph_gib>-?[\d.]+) ?GiB for CUDAGraph "
+                                              r"memory"),                                                     # >= 0.27
+    ("v1_desired", "desired gpu memory utilization is (", r"Desired GPU memory utilization is \("
+                                                          r"(?P<gpu_memory_utilization>[\d.]+), "
+                                                          r"(?P<requested_gib>[\d.]+) ?GiB\)"),
+    ("kv_in_use_gib", "current kv cache memory in use is", r"Current kv cache memory in use is (?P<v>[\d.]+) ?GiB"),
     ("kv_cache_tokens", "kv cache size:", r"KV cache size: (?P<v>[\d,]+) tokens"),
     ("max_concurrency", "maximum concurrency for", r"Maximum concurrency for (?P<max_concurrency_tokens>[\d,]+) "
                                                    r"tokens per request: (?P<max_concurrency>[\d.]+)x"),
@@ -53,12 +66,16 @@ FACTS: tuple[tuple[str, str, re.Pattern], ...] = tuple((name, needle, re.compile
                                             r"full model context length (?P<full_len>\d+) fits)"),
     # numbers other messages carry about the GPU
     ("gpu_total", "has a total capac", r"has a total capac(?:i)?ty of (?P<v>[\d.]+) GiB"),    # PyTorch >= 2.1
-    ("gpu_total", "gib total capacity;", r"(?P<v>[\d.]+) GiB total capacity;"),                 # PyTorch < 2.1
+    ("gpu_total", "gib total capacity;", r"(?<![\d.])(?P<v>[\d.]+) GiB total capacity;"),                 # PyTorch < 2.1
     ("free_total", "free memory on device", r"\((?P<free_gib>[\d.]+)\s*/\s*(?P<total_gpu_memory_gib>[\d.]+) GiB\)"),
     ("bf16_gpu", "gpu has compute capability", r"Your (?P<gpu_name>.+?) GPU has compute capability "
                                                r"(?P<compute_capability>[\d.]+)"),
     ("gpu_name", "nvidia", r"\bNVIDIA (?P<v>(?:GeForce |Tesla |Quadro )?(?:RTX ?)?(?:[AHLBTV]\d{1,3}|\d{4})"
                            r"(?:[ -](?:SXM\d?|PCIe|NVL|Ti|SUPER|Ada|\d+GB))*(?:-\d+GB)?)\b"),
+    # the launch command, when the log (a pasted terminal, a docker-compose echo) shows it
+    ("serve_command", "vllm serve ", r"(?<![\w./-])(?P<v>vllm serve\s+[^\s`'\"\\][^`]*)"),
+    ("serve_command", "vllm.entrypoints.openai.api_server", r"(?P<v>python3?\s+-m\s+vllm\.entrypoints\.openai\."
+                                                            r"api_server\s[^`]*)"),
     ("world_size", "world_size=", r"\bworld_size=(?P<v>\d+)"),
     ("cuda_visible_devices", "cuda_visible_devices", r"CUDA_VISIBLE_DEVICES['\"]?\s*[=:]\s*['\"]?(?P<v>\d+(?:,\d+)*)"),
 ))
