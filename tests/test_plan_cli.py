@@ -49,7 +49,21 @@ def test_pasted_vllm_serve_and_api_server_commands():
     assert json.loads(b.stdout)["max_model_len"] == 4096
 
 
+def test_own_options_typed_after_a_pasted_command_are_taken_not_misread():
+    # `--gpu` after the pasted line would otherwise be an abbreviation of --gpu-memory-utilization to argparse
+    r = oomguard("plan", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--max_model_len", "8192",
+                 "--gpu", "h100", "--gpu-count=1", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert "H100" in data["gpu"] and data["max_model_len"] == 8192 and data["ignored_flags"] == []
+    before = oomguard("plan", "--gpu", "l4", "--json", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                      "--max-model-len", "4096", "--gpu", "h100")
+    assert "L4" in json.loads(before.stdout)["gpu"]  # given before --, it wins
+
+
 @pytest.mark.parametrize("args, needle", [
+    (["plan", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-count", "x"], "whole number"),
+    (["plan", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--gpu"], "needs a value"),
     (["plan", "no-such/model", "--gpu", "h100"], "--model-config"),
     (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h900"], "unknown GPU"),
     (["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--gpu-memory-utilization", "1.5"], "(0, 1]"),

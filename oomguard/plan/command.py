@@ -59,6 +59,42 @@ def _count(text: str) -> int:
     return value
 
 
+# oomguard's own options a user may type after a pasted command (`... -- vllm serve M --gpu h100`)
+_OWN_OPTIONS = {"--gpu": str, "--gpu-memory": float, "--gpu-count": int, "--free-memory": float,
+                "--vllm-version": str, "--model-config": str, "--json": None, "--llm-class": None}
+
+
+def _lift_own_options(words: list[str], args: argparse.Namespace) -> list[str]:
+    """Take oomguard's own options out of a pasted vLLM command into `args` (given before `--`, they win)."""
+    from oomguard.errors import UsageError
+
+    rest: list[str] = []
+    i = 0
+    while i < len(words):
+        name, eq, inline = words[i].partition("=")
+        if name not in _OWN_OPTIONS:
+            rest.append(words[i])
+            i += 1
+            continue
+        dest = name[2:].replace("-", "_")
+        kind = _OWN_OPTIONS[name]
+        if kind is None:
+            setattr(args, dest, True)
+            i += 1
+            continue
+        value = inline if eq else (words[i + 1] if i + 1 < len(words) else None)
+        if value is None:
+            raise UsageError(f"{name} needs a value")
+        try:
+            typed = kind(value)
+        except ValueError:
+            raise UsageError(f"{name} takes {'a whole number' if kind is int else 'a number'}, got {value!r}") from None
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, typed)
+        i += 1 if eq else 2
+    return rest
+
+
 def run(args: argparse.Namespace) -> int:
     from oomguard.engines.vllm.flags import flags_from_args, parse_vllm_command
     from oomguard.errors import UsageError
@@ -71,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     flags = flags_from_args(args)
     ignored: tuple[str, ...] = ()
     if len(words) > 1 or words[:1] and words[0] in ("vllm", "python", "python3"):
+        words = _lift_own_options(words, args)
         pasted = parse_vllm_command(words)
         words = [pasted.model] if pasted.model else []
         flags = {**pasted.flags, **flags}
