@@ -206,3 +206,14 @@ def test_binary_garbage_is_not_an_error(tmp_path):
                           capture_output=True, timeout=60)
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr.decode()
     assert json.loads(proc.stdout)["facts"]["lines_read"] > 0
+
+
+def test_planner_unavailable_is_said_once(tmp_path, capsys):
+    log = tmp_path / "server.log"
+    log.write_text("ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can "
+                   "be stored in KV cache (20000). Try increasing `gpu_memory_utilization` or decreasing "
+                   "`max_model_len` when initializing the engine.\n")
+    code, out, _ = run_cli([str(log), "--command", "vllm serve someorg/unknown-model --max-model-len 32768"], capsys)
+    assert code == 1
+    assert "--max-model-len 20000" in out
+    assert " ".join(out.split()).count("planner unavailable") == 1

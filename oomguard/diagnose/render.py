@@ -81,5 +81,6 @@ def print_human(diagnosis: Diagnosis, console=None) -> None:
                           f"predicted {row['predicted']}")
     for warning in facts.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
-    if facts.get("planner", "ok") != "ok" and diagnosis.findings:
+    planner = facts.get("planner", "ok")
+    if planner != "ok" and diagnosis.findings and not any(planner in f.notes for f in diagnosis.findings):
         console.print(f"[dim]{facts['planner']}[/]")
