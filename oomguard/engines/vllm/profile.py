@@ -38,10 +38,10 @@ class ProfileCoefficients:
     non_torch_v06_gib: float = 1.79           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.07               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.36              # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.0141       # per decoder layer on the rank, at the default capture sizes
-    graph_per_layer_tp_gib: float = 0.00194   # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 3.92         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_base_gib: float = 0.32              # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.0164       # per decoder layer on the rank, at the default capture sizes
+    graph_per_layer_tp_gib: float = 0.00108   # per decoder layer, the part sharded over TP ranks (/ tp)
+    graph_moe_gib_per_m: float = 3.94         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
 
 
 COEFFICIENTS = ProfileCoefficients()
