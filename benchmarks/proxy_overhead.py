@@ -508,17 +508,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def machine() -> dict:
-    try:
-        import aiohttp
-        aiohttp_v = aiohttp.__version__
-    except ImportError:
-        aiohttp_v = None
-    try:
-        import uvloop  # type: ignore[import-not-found]
-        uvloop_v = uvloop.__version__
-    except ImportError:
-        uvloop_v = None
-    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "aiohttp": aiohttp_v, "uvloop": uvloop_v}
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+    return {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+            **{name: installed(name) for name in ("granian", "aiohttp", "uvloop")}}
 
 
 def render(results: dict, skipped: dict, args) -> str:
@@ -532,7 +530,8 @@ def render(results: dict, skipped: dict, args) -> str:
         return f"{r[key] - direct[key]:+.2f}"
 
     m = machine()
-    lines = [f"{m['cpus']} CPUs, Python {m['python']}, aiohttp {m['aiohttp']}, uvloop {m['uvloop']}; "
+    lines = [f"{m['cpus']} CPUs, Python {m['python']}, granian {m['granian']}, aiohttp {m['aiohttp']}, "
+             f"uvloop {m['uvloop']}; "
              f"{args.streams} concurrent SSE streams ({STREAM_EVENTS} events, {STREAM_GAP_S * 1000:.0f} ms apart)",
              "",
              "| path | TTFB p50 / p99 (ms) | added p50 / p99 (ms) | stream p50 / p99 (ms) | added p50 / p99 (ms) "

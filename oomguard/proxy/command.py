@@ -84,14 +84,13 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format=("%(asctime)s %(levelname)s %(name)s: %(message)s" if workers == 1 else
                                 "%(asctime)s %(levelname)s %(name)s [%(process)d]: %(message)s"))
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if listen[1] != 0:
+        _check_bindable(*listen)
     if workers == 1:
         _use_fast_loop()
         asyncio.run(_serve_forever(config, None, *listen))
         return 0
     from .workers import run_workers, worker_limits
-
-    _check_bindable(*listen)
 
     def serve(info) -> None:
         _use_fast_loop()
@@ -124,6 +123,7 @@ def config_from_args(args: argparse.Namespace):
     if any(not k for k in keys):
         raise UsageError("an API key cannot be empty")
     host, port = parse_listen(args.listen)
+    host = _resolve(host)
     if not _is_loopback(host) and not keys and not args.allow_remote:
         raise UsageError(f"--listen {args.listen} is reachable from other machines: give --api-key/--api-key-file, "
                          "or --allow-remote to serve without keys")
@@ -148,12 +148,13 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _check_bindable(host: str, port: int) -> None:
-    """Fail with one line, before forking workers, if the port is taken (workers would each fail)."""
+    """Fail with one line if anything listens on the port already. Granian binds with SO_REUSEPORT, which
+    would otherwise join another proxy's listener silently and split its traffic."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # connections in TIME_WAIT do not count
         try:
             sock.bind((host, port))
         except OSError as exc:
@@ -182,9 +183,23 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, port_n
 
 
+def _resolve(host: str) -> str:
+    """The IP address to listen on (the server takes addresses only): `host` itself, or what the name resolves to."""
+    import socket
+
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    try:
+        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+    except (OSError, IndexError) as exc:
+        raise UsageError(f"--listen host {host!r} does not resolve ({exc}); give an IP address such as 127.0.0.1") \
+            from None
+
+
 def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -205,35 +220,81 @@ def _use_fast_loop() -> None:
 @contextlib.asynccontextmanager
 async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int = 0,
                         worker=None) -> AsyncIterator:
-    """Start a proxy in this event loop; yields (server, base_url). For tests and embedding.
+    """Start a proxy in this event loop (granian's embedded server); yields (server, base_url). For tests
+    and embedding; port 0 picks a free port.
 
-    With `worker` (a `workers.WorkerInfo` of a multi-process proxy) the port is shared (SO_REUSEPORT) and a
-    private loopback port, recorded in the run directory, lets the siblings ask this worker for its metrics."""
-    from aiohttp import web
-
+    Granian listens with SO_REUSEPORT, so the workers of a multi-process proxy share the port; each worker
+    also answers on a private Unix socket in the run directory, where its siblings ask for its metrics."""
     from .server import ProxyServer
 
     server = ProxyServer(config, counter, worker)
-    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
-    await runner.setup()
-    shared = worker is not None and worker.count > 1
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=shared or None)
-    await site.start()
-    if shared:
-        private = web.TCPSite(runner, "127.0.0.1", 0)
-        await private.start()
-        private_port = private._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        tmp = worker.port_file(worker.index).with_suffix(".tmp")
-        tmp.write_text(str(private_port))
-        tmp.replace(worker.port_file(worker.index))
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    bound = sock.getsockname()
-    h = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+    await server.start()
+    sites = []
     try:
-        yield server, f"http://{h}:{bound[1]}"
+        with _reserved(host, port) as bound_port:  # held until granian listens, so nothing else takes it
+            sites.append(await _serve_rsgi(server, host=host, port=bound_port))
+        if worker is not None and worker.count > 1:
+            sites.append(await _serve_rsgi(server, uds=worker.socket_path(worker.index)))
+        h = f"[{host}]" if ":" in host else host
+        yield server, f"http://{h}:{bound_port}"
     finally:
-        await runner.cleanup()
+        for granian, task in sites:
+            granian.stop()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 5)
+        await server.stop()
+
+
+async def _serve_rsgi(app, host: str = "127.0.0.1", port: int = 0, uds: Path | None = None):
+    """Granian's embedded server for `app` in this event loop, once it accepts connections: (server, task)."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    granian = Server(app, address=host, port=port, uds=uds, interface=Interfaces.RSGI, http=HTTPModes.http1,
+                     websockets=False, backlog=1024, runtime_threads=1, log_level=LogLevels.error,
+                     log_dictconfig=_GRANIAN_LOGGING)
+    task = asyncio.create_task(granian.serve(), name="granian")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:  # serve() gives no signal when it listens: connect until it answers
+        if task.done():
+            task.result()  # its error, if it failed
+            raise UsageError(f"the proxy could not listen on {uds or f'{host}:{port}'}")
+        try:
+            if uds is not None:
+                _, writer = await asyncio.open_unix_connection(str(uds))
+            else:
+                _, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            return granian, task
+        except OSError:
+            if loop.time() > deadline:
+                granian.stop()
+                raise UsageError(f"the proxy could not listen on {uds or f'{host}:{port}'} within 10 s") from None
+            await asyncio.sleep(0.01)
+
+
+# granian's own log lines (errors only) go to stderr with ours, not to stdout
+_GRANIAN_LOGGING = {
+    "handlers": {"console": {"formatter": "generic", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
+                 "access": {"formatter": "access", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
+}
+
+
+@contextlib.contextmanager
+def _reserved(host: str, port: int):
+    """A port bound (not listening) with SO_REUSEPORT while granian binds it too: `port`, or a free one for 0."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        yield sock.getsockname()[1]
 
 
 async def _serve_forever(config, counter, host: str, port: int, worker=None) -> None:

@@ -1,9 +1,10 @@
-"""The HTTP shell of `oomguard proxy`: aiohttp server in front, aiohttp client behind (`client.py`).
+"""The HTTP shell of `oomguard proxy`: an RSGI app served by granian in front, aiohttp's client behind
+(`client.py`); the stack was chosen by measurement (benchmarks/proxy_stack_choice.py, README "Proxy").
 
 Per request: authenticate, check the path and body, count the prompt, ask the admission controller, wait in
 the queue if told to, forward to the chosen upstream, and pass the answer back (SSE event by event, nothing
-held back). Client disconnects cancel the handler (aiohttp's handler_cancellation), which closes the upstream
-connection, which makes the engine abort the request.
+held back). A client that disconnects cancels its handler, which closes the upstream connection, which makes
+the engine abort the request.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import aiohttp
-from aiohttp import web
-
 from .client import UpstreamBroken, UpstreamClient, UpstreamUnavailable, iter_body, read_body
 from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
 from .metrics import ProxyMetrics
@@ -97,23 +96,19 @@ class ProxyServer:
                                   if config.upstream_api_key else {})
         self.started_at = time.time()
 
-    # ----------------------------------------------------------------- lifecycle
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
-        app.router.add_route("*", "/health", self.handle_health)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/oomguard/status", self.handle_status)
-        app.router.add_route("*", "/v1", self.handle_v1)
-        app.router.add_route("*", "/v1/{tail:.*}", self.handle_v1)
-        app.on_startup.append(self._on_startup)
-        app.on_cleanup.append(self._on_cleanup)
-        return app
-
-    async def _on_startup(self, app: web.Application) -> None:
-        await self.start()
-
-    async def _on_cleanup(self, app: web.Application) -> None:
-        await self.stop()
+    # ----------------------------------------------------------------- the RSGI entry point (granian)
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        path = scope.path  # percent-decoded by granian; only paths made of safe characters are forwarded
+        if path == "/v1" or path.startswith("/v1/"):
+            await self.handle_v1(scope, proto)
+        elif path == "/health":
+            self.handle_health().send(proto)
+        elif path == "/metrics" and scope.method in ("GET", "HEAD"):
+            (await self.handle_metrics(scope.headers)).send(proto)
+        elif path == "/oomguard/status" and scope.method in ("GET", "HEAD"):
+            (await self.handle_status(scope.headers)).send(proto)
+        else:
+            self._error(404, f"Not found: {path}", "NotFoundError").send(proto)
 
     async def start(self, first_poll_timeout: float = 5.0) -> None:
         for name, address in self.addresses.items():
@@ -166,22 +161,21 @@ class ProxyServer:
             fut.set_result(rejection)
 
     # ----------------------------------------------------------------- small endpoints
-    async def handle_health(self, request: web.Request) -> web.Response:
+    def handle_health(self) -> Reply:
         snap = self.controller.snapshot()
         states = {name: u["state"] for name, u in snap["upstreams"].items()}
         ok = any(s != "down" for s in states.values())
-        return web.json_response({"status": "ok" if ok else "no upstream reachable", "upstreams": states},
-                                 status=200 if ok else 503)
+        return Reply.json({"status": "ok" if ok else "no upstream reachable", "upstreams": states},
+                          200 if ok else 503)
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
+    async def handle_metrics(self, headers: Any) -> Reply:
         body = self.metrics.render()
-        if self.worker is not None and not request.headers.get("x-oomguard-worker-local"):
+        if self.worker is not None and not headers.get("x-oomguard-worker-local"):
             body = merge_metrics(await gather_siblings(self.worker, "/metrics", {}, body))
-        return web.Response(body=body, content_type="text/plain",
-                            charset="utf-8", headers={"Cache-Control": "no-store"})
+        return Reply(200, body, (("content-type", "text/plain; charset=utf-8"), ("cache-control", "no-store")))
 
-    async def handle_status(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
+    async def handle_status(self, headers: Any) -> Reply:
+        if not self._authorized(headers):
             return self._error(401, "Invalid or missing API key.", "AuthenticationError")
         snap = self.controller.snapshot()
         snap["uptime_s"] = round(time.time() - self.started_at, 1)
@@ -190,72 +184,86 @@ class ProxyServer:
         snap["admitted"] = sum(s.value for m in self.metrics.admitted.collect()
                                for s in m.samples if s.name.endswith("_total"))
         snap["token_counting"] = self.counter.describe()
-        if self.worker is not None and not request.headers.get("x-oomguard-worker-local"):
-            auth = {k: request.headers[k] for k in ("Authorization", "x-api-key") if k in request.headers}
+        if self.worker is not None and not headers.get("x-oomguard-worker-local"):
+            auth = {k: headers.get(k) for k in ("authorization", "x-api-key") if k in headers}
             answers = await gather_siblings(self.worker, "/oomguard/status", auth, snap)
             snap = merge_status({i: a if isinstance(a, dict) else json.loads(a) for i, a in answers.items()})
-        return web.json_response(snap)
+        return Reply.json(snap)
 
     # ----------------------------------------------------------------- the proxy proper
-    async def handle_v1(self, request: web.Request) -> web.StreamResponse:
+    async def handle_v1(self, scope: Any, proto: Any) -> None:
         start = time.monotonic()
-        info: dict[str, Any] = {"method": request.method, "path": request.path}
+        info: dict[str, Any] = {"method": scope.method, "path": scope.path}
         status = 500
+        # A client that leaves cancels its handler wherever it is (queued, waiting for the engine, streaming);
+        # unwinding closes the upstream connection, so the engine aborts the request.
+        task = asyncio.current_task()
+        gone = asyncio.ensure_future(proto.client_disconnect())
+        cancel = lambda _: task.cancel()  # noqa: E731
+        gone.add_done_callback(cancel)
         try:
-            response = await self._handle_v1(request, info)
-            status = response.status
-            return response
+            status = await self._handle_v1(scope, proto, info)
         except asyncio.CancelledError:
-            status = 499  # client closed the connection
+            status = 499  # the client closed the connection
             info.setdefault("reason", "client_disconnected")
-            raise
+            if not gone.done():
+                raise  # the server is stopping, not the client leaving
+        except _ClientGone:
+            status = 499
+            info.setdefault("reason", "client_disconnected")
         finally:
+            gone.remove_done_callback(cancel)
+            gone.cancel()
             if self.config.access_log and access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["ms"] = round((time.monotonic() - start) * 1000, 2)
                 access_log.info("%s", json.dumps(info, separators=(",", ":")))
 
-    async def _handle_v1(self, request: web.Request, info: dict[str, Any]) -> web.StreamResponse:
-        if not self._authorized(request):
+    async def _handle_v1(self, scope: Any, proto: Any, info: dict[str, Any]) -> int:
+        """Answer one /v1 request through `proto`; returns the status sent."""
+        headers = scope.headers
+        if not self._authorized(headers):
             info["reason"] = "unauthorized"
             self.metrics.on_reject("unauthorized")
-            return self._error(401, "Invalid or missing API key.", "AuthenticationError")
-        raw_path = request.rel_url.raw_path
-        if not _SAFE_V1_PATH.match(raw_path) or "/../" in raw_path + "/" or "/./" in raw_path + "/":
+            return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(proto)
+        path = scope.path
+        if not _SAFE_V1_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
             info["reason"] = "bad_path"
-            return self._error(404, f"Not found: {request.path}", "NotFoundError")
-        if request.method in ("GET", "HEAD") and not request.can_read_body:
-            return await self._forward_unguarded(request, info)
+            return self._error(404, f"Not found: {path}", "NotFoundError").send(proto)
+        target = path + ("?" + scope.query_string if scope.query_string else "")
+        declared = headers.get("content-length")
+        if scope.method in ("GET", "HEAD") and declared in (None, "0") and "transfer-encoding" not in headers:
+            return await self._forward_unguarded(scope, proto, target, info)
 
         # ---- body: size, JSON, priority, prompt length
-        declared = request.content_length
-        if declared is not None and declared > self.config.max_body_bytes:
-            return self._too_large(info)
+        body = await self._read_body(proto, declared)
+        if body is None:
+            info["reason"] = "body_too_large"
+            self.metrics.on_reject("body_too_large")
+            return self._error(413, f"The request body is larger than the proxy's limit of "
+                                    f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError").send(proto)
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._too_large(info)
-        try:
-            priority = Priority.parse(request.headers.get("x-priority"))
+            priority = Priority.parse(headers.get("x-priority"))
         except ValueError as exc:
             info["reason"] = "bad_priority"
             self.metrics.on_reject("bad_request")
-            return self._error(400, str(exc), "BadRequestError", param="x-priority")
+            return self._error(400, str(exc), "BadRequestError", param="x-priority").send(proto)
         info["priority"] = priority.name.lower()
-        path = request.path.rstrip("/")
+        path = path.rstrip("/")
         guarded = path in _GUARDED
         payload: Any = None
-        if guarded or (body and request.content_type == "application/json"):
+        content_type = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+        if guarded or (body and content_type == "application/json"):
             try:
                 payload = _loads(body) if body else None
             except ValueError as exc:
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
-                return self._error(400, f"Malformed JSON in the request body: {exc}", "BadRequestError")
+                return self._error(400, f"Malformed JSON in the request body: {exc}", "BadRequestError").send(proto)
             if guarded and not isinstance(payload, dict):
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
-                return self._error(400, "The request body must be a JSON object.", "BadRequestError")
+                return self._error(400, "The request body must be a JSON object.", "BadRequestError").send(proto)
         prompt_tokens = 0
         model = None
         stream = False
@@ -267,7 +275,7 @@ class ProxyServer:
             if guarded:
                 rejected, body, prompt_tokens = self._check_length(path, payload, body, info)
                 if rejected is not None:
-                    return rejected
+                    return rejected.send(proto)
 
         # ---- admission
         ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model)
@@ -276,20 +284,20 @@ class ProxyServer:
         for victim, rejection in decision.evicted:
             self._reject_waiter(victim, rejection)
         if decision.rejection is not None:
-            return self._rejected(decision.rejection, info)
+            return self._rejected(decision.rejection, info).send(proto)
         loop = asyncio.get_running_loop()
         try:
             while True:
                 if ticket.upstream is None:
                     rejection = await self._wait(ticket, loop)
                     if rejection is not None:
-                        return self._rejected(rejection, info)
+                        return self._rejected(rejection, info).send(proto)
                 waited = time.monotonic() - ticket.enqueued_at
                 self.metrics.on_admit(ticket.upstream, priority, waited)
                 info["upstream"] = ticket.upstream
                 info["queue_ms"] = round(waited * 1000, 2)
                 try:
-                    return await self._forward(request, ticket, body, stream, info)
+                    return await self._forward(scope, proto, target, ticket, body, info)
                 except _UpstreamGone as exc:
                     name = ticket.upstream
                     self.metrics.upstream_errors.labels(name, "before_response").inc()
@@ -299,7 +307,7 @@ class ProxyServer:
                         self.controller.release(ticket, completed=False)
                         return self._rejected(Rejection(
                             503, "upstream_failed", self.controller.limits.down_retry_after,
-                            f"The upstream engine failed before answering ({exc}); retry later."), info)
+                            f"The upstream engine failed before answering ({exc}); retry later."), info).send(proto)
                     ticket.waiter = loop.create_future()
                     self._wake(self.controller.requeue(ticket, str(exc)))
         finally:
@@ -307,6 +315,19 @@ class ProxyServer:
                 self._wake(self.controller.release(ticket, completed=info.get("status_upstream", 0) < 500))
             elif ticket.upstream is None:
                 self.controller.cancel(ticket)
+
+    async def _read_body(self, proto: Any, declared: str | None) -> bytes | None:
+        """The request body, or None when it is over --max-body-bytes (declared or counted as it arrives)."""
+        limit = self.config.max_body_bytes
+        if declared is not None and declared.isdigit():
+            return await proto() if int(declared) <= limit else None
+        chunks, size = [], 0
+        async for chunk in proto:
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def _wait(self, ticket: Ticket, loop: asyncio.AbstractEventLoop) -> Rejection | None:
         """Wait in the queue until dispatched (None) or rejected (the Rejection)."""
@@ -325,8 +346,7 @@ class ProxyServer:
             return result
         return None
 
-    def _check_length(self, path: str, payload: dict, body: bytes, info: dict) -> tuple[
-            web.Response | None, bytes, int]:
+    def _check_length(self, path: str, payload: dict, body: bytes, info: dict) -> tuple[Reply | None, bytes, int]:
         counted = self.counter.count_prompt(payload, path)
         n = counted or 0
         embeddings = path.endswith("/embeddings")
@@ -353,19 +373,18 @@ class ProxyServer:
                 return self._error(400, message, "BadRequestError"), body, n
         return None, body, n
 
-    async def _forward(self, request: web.Request, ticket: Ticket, body: bytes, stream: bool,
-                       info: dict) -> web.StreamResponse:
+    async def _forward(self, scope: Any, proto: Any, target: str, ticket: Ticket, body: bytes, info: dict) -> int:
         name = ticket.upstream
         try:
-            resp = await self._clients[name].request(request.method, request.rel_url.raw_path_qs,
-                                                     self._request_headers(request), body)
+            resp = await self._clients[name].request(scope.method, target, self._request_headers(scope.headers),
+                                                     body)
         except UpstreamUnavailable as exc:
             raise _UpstreamGone(str(exc)) from None
         except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "malformed").inc()
             info["reason"] = "upstream_malformed"
             info["status_upstream"] = 502
-            return self._error(502, str(exc), "BadGatewayError")
+            return self._error(502, str(exc), "BadGatewayError").send(proto)
         finished = False
         try:
             info["status_upstream"] = resp.status
@@ -380,30 +399,25 @@ class ProxyServer:
                     self.pollers[name].kick()
                     info["reason"] = "upstream_died"
                     return self._error(502, f"The upstream engine failed while answering: {exc}",
-                                       "BadGatewayError")
+                                       "BadGatewayError").send(proto)
                 finished = True
-                out = web.Response(status=resp.status, reason=resp.reason or None, body=data)
-                for k, v in out_headers:
-                    out.headers.add(k, v)
-                return out
-            out = await self._stream(request, resp, out_headers, is_sse, name, info)
+                proto.response_bytes(resp.status, out_headers, data)
+                return resp.status
+            await self._stream(proto, resp, out_headers, is_sse, name, info)
             finished = info.get("reason") != "upstream_died"
-            return out
+            return resp.status
         finally:
             if finished:
                 resp.release()  # complete: the connection goes back to the pool
             else:
                 resp.close()  # unfinished (client left, upstream failed): the engine sees the disconnect
 
-    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, out_headers: list,
-                      is_sse: bool, name: str, info: dict) -> web.StreamResponse:
-        out = web.StreamResponse(status=resp.status, reason=resp.reason or None)
-        for k, v in out_headers:
-            out.headers.add(k, v)
+    async def _stream(self, proto: Any, resp: aiohttp.ClientResponse, out_headers: list, is_sse: bool,
+                      name: str, info: dict) -> None:
         if is_sse:
-            out.headers["Cache-Control"] = "no-cache"
-            out.headers["X-Accel-Buffering"] = "no"
-        await out.prepare(request)
+            out_headers = [(k, v) for k, v in out_headers if k.lower() != "cache-control"]
+            out_headers += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
+        transport = proto.response_stream(resp.status, out_headers)
         pending = b""
         sent = 0
         try:
@@ -417,10 +431,10 @@ class ProxyServer:
                         continue
                     pending = buf[cut:]
                     chunk = buf[:cut]
-                await out.write(chunk)
+                await _send(transport, chunk)
                 sent += len(chunk)
             if pending:
-                await out.write(pending)
+                await _send(transport, pending)
                 sent += len(pending)
         except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "mid_stream").inc()
@@ -430,18 +444,12 @@ class ProxyServer:
             if is_sse:
                 event = {"error": {"message": f"The upstream engine failed mid-stream: {exc}",
                                    "type": "BadGatewayError", "param": None, "code": 502}}
-                await out.write(b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
-            else:
-                # a plain body cannot carry an error once started: end the connection abnormally
-                if request.transport is not None:
-                    request.transport.close()
-                info["bytes"] = sent
-                return out
+                await _send(transport, b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
+            # a plain body cannot carry an error once started: it ends short, and the client's JSON parser
+            # or length check sees it (granian offers no abortive close)
         info["bytes"] = sent
-        await out.write_eof()
-        return out
 
-    async def _forward_unguarded(self, request: web.Request, info: dict) -> web.StreamResponse:
+    async def _forward_unguarded(self, scope: Any, proto: Any, target: str, info: dict) -> int:
         """GET /v1/models and the like: no admission, to the first reachable upstream."""
         now = self.controller.clock()
         ups = sorted(self.controller.upstreams.values(),
@@ -452,52 +460,74 @@ class ProxyServer:
             ticket = Ticket(upstream=up.name)
             info["upstream"] = up.name
             try:
-                return await self._forward(request, ticket, b"", False, info)
+                return await self._forward(scope, proto, target, ticket, b"", info)
             except _UpstreamGone as exc:
                 self.controller.mark_down(up.name, str(exc))
                 self.pollers[up.name].kick()
         return self._rejected(Rejection(503, "no_upstream", self.controller.limits.down_retry_after,
-                                        "No upstream engine is reachable right now; retry later."), info)
+                                        "No upstream engine is reachable right now; retry later."), info).send(proto)
 
     # ----------------------------------------------------------------- helpers
-    def _authorized(self, request: web.Request) -> bool:
+    def _authorized(self, headers: Any) -> bool:
         if not self._api_keys:
             return True
-        header = request.headers.get("Authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        header = headers.get("authorization") or ""
+        token = header[7:].strip() if header[:7].lower() == "bearer " else headers.get("x-api-key") or ""
         given = hashlib.sha256(token.encode()).digest()
         ok = False
         for key in self._api_keys:  # every key compared, in constant time each
             ok |= hmac.compare_digest(given, key)
         return ok
 
-    def _request_headers(self, request: web.Request) -> list[tuple[str, str]]:
-        connection = request.headers.get("Connection")
+    def _request_headers(self, headers: Any) -> list[tuple[str, str]]:
+        connection = headers.get("connection")
         drop = _DROP_REQUEST
         if connection:
             drop = drop | {t.strip().lower() for t in connection.split(",")}
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in drop]
-        headers.extend(self._upstream_headers.items())
-        return headers
+        out = [(k, v) for k, v in headers.items() if k not in drop]  # granian gives lower-case names
+        out.extend(self._upstream_headers.items())
+        return out
 
-    def _rejected(self, rejection: Rejection, info: dict) -> web.Response:
+    def _rejected(self, rejection: Rejection, info: dict) -> Reply:
         info["reason"] = rejection.reason
         self.metrics.on_reject(rejection.reason)
         kind = "RateLimitError" if rejection.status == 429 else "ServiceUnavailableError"
-        return self._error(rejection.status, rejection.message, kind,
-                           headers={"Retry-After": str(rejection.retry_after)})
-
-    def _too_large(self, info: dict) -> web.Response:
-        info["reason"] = "body_too_large"
-        self.metrics.on_reject("body_too_large")
-        return self._error(413, f"The request body is larger than the proxy's limit of "
-                                f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError")
+        return self._error(rejection.status, rejection.message, kind, retry_after=rejection.retry_after)
 
     @staticmethod
     def _error(status: int, message: str, kind: str, param: str | None = None,
-               headers: dict[str, str] | None = None) -> web.Response:
-        body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-        return web.Response(status=status, body=_dumps(body), content_type="application/json", headers=headers)
+               retry_after: int | None = None) -> Reply:
+        reply = Reply.json({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+        if retry_after is None:
+            return reply
+        return Reply(status, reply.body, reply.headers + (("retry-after", str(retry_after)),))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A whole (non-streamed) answer."""
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def json(cls, obj: Any, status: int = 200) -> Reply:
+        return cls(status, _dumps(obj), (("content-type", "application/json"),))
+
+    def send(self, proto: Any) -> int:
+        proto.response_bytes(self.status, list(self.headers), self.body)
+        return self.status
+
+
+class _ClientGone(Exception):
+    """The client closed the connection while its answer was being written."""
+
+
+async def _send(transport: Any, data: bytes) -> None:
+    try:
+        await transport.send_bytes(data)
+    except RuntimeError as exc:  # granian's RSGIProtocolClosed: the client left mid-answer
+        raise _ClientGone() from exc
 
 
 def _event_end(buf: bytes) -> int:

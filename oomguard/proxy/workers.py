@@ -14,7 +14,7 @@ What stays exact and what becomes approximate across workers (the README's "Prox
 * Retry-After: each worker divides its own queue position by its own drain rate; both are about 1/N of the
   whole, so the ratio is about the same.
 * /metrics and /oomguard/status answer for all workers: the worker that gets the scrape asks its siblings
-  (each also listens on a private loopback port, recorded in a run directory) and merges their answers;
+  (each also listens on a private Unix socket in a run directory) and merges their answers;
   Prometheus series carry a `worker` label.
 """
 
@@ -27,7 +27,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,19 +40,15 @@ log = logging.getLogger("oomguard.proxy")
 class WorkerInfo:
     index: int  # 0..count-1
     count: int
-    run_dir: str  # where each worker writes its private port
+    run_dir: str  # where each worker listens on its private Unix socket
 
-    def port_file(self, index: int) -> Path:
-        return Path(self.run_dir) / f"worker-{index}.port"
+    def socket_path(self, index: int) -> Path:
+        return Path(self.run_dir) / f"worker-{index}.sock"
 
-    def sibling_ports(self) -> dict[int, int]:
-        out = {}
-        for i in range(self.count):
-            try:
-                out[i] = int(self.port_file(i).read_text())
-            except (OSError, ValueError):
-                continue  # not up yet
-        return out
+    def sibling_sockets(self) -> dict[int, Path]:
+        """The other workers' private sockets that exist (a worker still starting has none yet)."""
+        paths = {i: self.socket_path(i) for i in range(self.count) if i != self.index}
+        return {i: p for i, p in paths.items() if p.exists()}
 
 
 def share(value: int | None, index: int, count: int) -> int | None:
@@ -151,24 +146,22 @@ def _kill(pid: int, sig: int) -> None:
 # ----------------------------------------------------------------------------- merging the workers' answers
 async def gather_siblings(info: WorkerInfo, path: str, headers: dict[str, str], own: Any,
                           timeout: float = 2.0) -> dict[int, Any]:
-    """`path` from every other worker's private port (bytes), with this worker's own answer under its index."""
+    """`path` from every other worker's private socket (bytes), with this worker's own answer under its index."""
     import aiohttp
 
     out: dict[int, Any] = {info.index: own}
-    ports = {i: p for i, p in info.sibling_ports().items() if i != info.index}
-    if not ports:
-        return out
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-        async def one(i: int, port: int) -> None:
-            try:
-                async with session.get(f"http://127.0.0.1:{port}{path}",
-                                       headers={**headers, "x-oomguard-worker-local": "1"}) as resp:
-                    if resp.status == 200:
-                        out[i] = await resp.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                pass  # a worker that does not answer is left out of the merged view
 
-        await asyncio.gather(*(one(i, p) for i, p in ports.items()))
+    async def one(i: int, socket_path: Path) -> None:
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(socket_path)),
+                                             timeout=aiohttp.ClientTimeout(total=timeout)) as session, \
+                    session.get(f"http://worker{path}", headers={**headers, "x-oomguard-worker-local": "1"}) as resp:
+                if resp.status == 200:
+                    out[i] = await resp.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            pass  # a worker that does not answer is left out of the merged view
+
+    await asyncio.gather(*(one(i, p) for i, p in info.sibling_sockets().items()))
     return out
 
 
