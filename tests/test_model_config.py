@@ -34,3 +34,25 @@ def test_gemma2_ties_embeddings_when_the_config_is_silent():
     llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "vocab_size": 100}
     assert not parse_config(llama, "x/llama").tie_word_embeddings   # LlamaConfig's default is False
+
+
+def test_qwen2_5_vl_vision_tower_is_counted_exactly():
+    # Hugging Face lists 8,292,166,656 parameters for Qwen/Qwen2.5-VL-7B-Instruct and 7,615,616,512 for
+    # Qwen/Qwen2.5-7B-Instruct (same language model): the difference is the vision tower and its merger
+    from oomguard.models.load import from_catalog
+
+    assert from_catalog("Qwen/Qwen2.5-VL-7B-Instruct").vision.params == 8_292_166_656 - 7_615_616_512
+
+
+def test_qwen2_vl_tower_width_is_embed_dim_not_hidden_size():
+    # Qwen2-VL's vision_config names the tower width embed_dim; its hidden_size is the merger's output width
+    vision = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "hidden_act": "quick_gelu", "mlp_ratio": 4,
+              "num_heads": 16, "in_chans": 3, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}
+    config = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "vocab_size": 152064, "torch_dtype": "bfloat16", "vision_config": vision}
+    params = parse_config(config, "Qwen/Qwen2-VL-7B-Instruct").vision.params
+    # 32 ViT blocks of width 1280 (LayerNorm, non-gated MLP of 5120), the patch embedding, the 5120-wide merger
+    block = 4 * 1280 * 1280 + 4 * 1280 + 2 * 1280 * 5120 + 5120 + 1280 + 2 * 2 * 1280
+    merger = 2 * 1280 + 5120 * 5120 + 5120 + 5120 * 3584 + 3584
+    assert params == 32 * block + 3 * 2 * 14 * 14 * 1280 + merger

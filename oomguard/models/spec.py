@@ -293,21 +293,33 @@ def _vision_spec(cfg: dict) -> VisionSpec | None:
     vc = cfg.get("vision_config")
     if not isinstance(vc, dict):
         return None
-    hidden = _int(vc, "hidden_size", "embed_dim", "width")
+    qwen_vl = cfg.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
+    # Qwen2-VL names the tower's width embed_dim; its hidden_size there is the merger's output (the LM's width)
+    hidden = _int(vc, "embed_dim", "hidden_size", "width") if qwen_vl else _int(vc, "hidden_size", "embed_dim", "width")
     depth = _int(vc, "num_hidden_layers", "depth", "layers")
     if not hidden or not depth:
         return None
-    inter = _int(vc, "intermediate_size", "mlp_dim", default=4 * hidden)
+    inter = _int(vc, "intermediate_size", "mlp_dim", default=int(vc.get("mlp_ratio") or 4) * hidden)
     patch = _int(vc, "patch_size", default=14)
     channels = _int(vc, "num_channels", "in_channels", "in_chans", default=3)
     temporal = _int(vc, "temporal_patch_size", default=1)
     gated = str(vc.get("hidden_act", "")).lower() in ("silu", "swiglu") or vc.get("model_type") == "qwen2_5_vl"
-    mlp = (3 if gated else 2) * hidden * inter
-    block = 4 * hidden * hidden + mlp + 4 * hidden + 2 * hidden  # qkvo, mlp, biases, norms
+    mlp = (3 if gated else 2) * hidden * inter + (2 * inter if gated else inter) + hidden  # weights and biases
+    norm = 2 * hidden if cfg.get("model_type") == "qwen2_vl" else hidden  # LayerNorm (weight, bias) or RMSNorm
+    block = 4 * hidden * hidden + mlp + 4 * hidden + 2 * norm  # qkvo, mlp, qkvo biases, two norms
     params = depth * block + channels * temporal * patch * patch * hidden
-    out_hidden = _int(vc, "out_hidden_size", default=None) or _int(cfg.get("text_config") or cfg, "hidden_size", default=hidden)
+    text_hidden = _int(cfg.get("text_config") or cfg, "hidden_size", default=hidden)
     merge = _int(vc, "spatial_merge_size", default=1) or 1
-    params += hidden * merge * merge * out_hidden + out_hidden * out_hidden  # projector / patch merger
+    if qwen_vl:
+        out_hidden = _int(vc, "out_hidden_size", default=None) or (_int(vc, "hidden_size") if "embed_dim" in vc
+                                                                  else text_hidden)
+        # vllm/model_executor/models/qwen2_5_vl.py Qwen2_5_VisionPatchMerger (qwen2_vl.py alike): a norm, then
+        # Linear(C*m^2 -> C*m^2) and Linear(C*m^2 -> out), both with biases
+        wide = hidden * merge * merge
+        params += norm + wide * wide + wide + wide * out_hidden + out_hidden
+    else:
+        out_hidden = _int(vc, "out_hidden_size", default=None) or text_hidden
+        params += hidden * merge * merge * out_hidden + out_hidden * out_hidden  # projector / patch merger
     extra = _int(vc, "num_global_layers", default=0) or 0  # Mllama's global encoder layers
     params += extra * block
     return VisionSpec(params=params, note=f"vision tower estimated from vision_config ({depth} blocks of width {hidden})")
