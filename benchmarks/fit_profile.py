@@ -33,7 +33,8 @@ from plan_accuracy import DEFAULT_DATA, logged_stage, record_inputs  # noqa: E40
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402
-from oomguard.engines.vllm.versions import default_engine, parse_version  # noqa: E402
+from oomguard.engines.vllm.releases import release  # noqa: E402
+from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import padded_vocab  # noqa: E402
 from oomguard.errors import UsageError  # noqa: E402
 from oomguard.models.spec import DTYPE_BYTES  # noqa: E402
@@ -88,7 +89,7 @@ def _version_and_engine(r: dict):
         version = parse_version(r["vllm_version"])
     except UsageError:
         return None
-    return version, r.get("engine") or default_engine(version)
+    return version, r.get("engine") or release(version).default_engine
 
 
 def observations(records: list[dict]) -> list[Observation]:

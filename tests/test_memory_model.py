@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from oomguard.engines.vllm import messages
-from oomguard.engines.vllm.kv import KvSpec, build_layout
+from oomguard.engines.vllm.kv import FullAttentionSpec, SlidingWindowSpec, build_layout
 from oomguard.engines.vllm.memory import EngineConfig, predict
 from oomguard.errors import UsageError
 from oomguard.gpus.catalog import resolve_gpu
@@ -110,8 +110,8 @@ def test_tensor_parallel_must_divide_heads():
 
 def test_sliding_window_groups_and_worst_case():
     # gpt-oss-style 1:1 sliding(128)/full layers: two groups; a request needs cdiv(L,16) + sliding blocks
-    full = KvSpec("full", 16, 8, 64, 2)
-    sliding = KvSpec("sliding", 16, 8, 64, 2, window=128)
+    full = FullAttentionSpec(16, 8, 64, 2)
+    sliding = SlidingWindowSpec(16, 8, 64, 2, window=128)
     layout = build_layout([sliding, full] * 12)
     assert len(layout.groups) == 2 and layout.group_size == 12
     assert layout.blocks_per_request(8192, 8192) == 512 + 513

@@ -19,7 +19,7 @@ from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FR
 
 MAX_FINDINGS = 5
 MIN_SCORE = 0.3
-DEFAULT_UTILIZATION = 0.9   # vLLM's default before 0.22 (0.92 from 0.22)
+DEFAULT_UTILIZATION = 0.9   # vLLM's default when the log does not say its version (0.92 from 0.20)
 SAFETY_GIB = 0.5            # kept free below another process's memory when sizing gpu_memory_utilization
 
 
@@ -53,7 +53,10 @@ def _version(facts: dict) -> tuple[int, int, int] | None:
 
 def default_utilization(facts: dict) -> float:
     version = _version(facts)
-    return 0.92 if version and version >= (0, 22, 0) else DEFAULT_UTILIZATION
+    if version is None:
+        return DEFAULT_UTILIZATION
+    from oomguard.engines.vllm.releases import release
+    return release(version).gpu_memory_utilization
 
 
 def tp_candidates(divide: int, gpus: int | None, current: int | None = None) -> list[int]:
@@ -723,18 +726,19 @@ def _known_regressions(scored: list, facts: dict) -> None:
     version = _version(facts)
     if not version:
         return
-    for first, fixed, cls, condition, text in vllm_signatures.KNOWN_REGRESSIONS:
-        if not first <= version < fixed:
-            continue
+    from oomguard.engines.vllm.releases import release
+    for regression in release(version).regressions:
         for weight, _, finding, _ in scored:
-            if finding.cls != cls:
+            if finding.cls != regression.failure_class:
                 continue
-            if condition == "pipeline_parallel_size>1" and not (facts.get("pipeline_parallel_size") or 1) > 1:
+            if regression.needs_pipeline_parallel and not (facts.get("pipeline_parallel_size") or 1) > 1:
                 continue
-            finding.notes.append(text)
-            if condition:  # a real misbehaviour, not a cosmetic one: report it as the engine's bug too
-                scored.append((weight - 0.05, 0, Finding("engine_bug", weight - 0.05, text, list(finding.evidence), [
-                    Fix("the check was fixed upstream", action="upgrade vLLM to 0.17 or newer")]), "bug"))
+            finding.notes.append(regression.text)
+            if regression.fixed_in:  # a real misbehaviour: report it as the engine's bug too
+                scored.append((weight - 0.05, 0, Finding(
+                    "engine_bug", weight - 0.05, regression.text, list(finding.evidence),
+                    [Fix("the check was fixed upstream", action=f"upgrade vLLM to {regression.fixed_in} or newer")]),
+                    "bug"))
             break
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from oomguard.engines.vllm import defaults
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict
 from oomguard.engines.vllm.quantization import runs_on
-from oomguard.engines.vllm.versions import Version, default_engine
+from oomguard.engines.vllm.releases import release
+from oomguard.engines.vllm.versions import Version
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
@@ -185,7 +186,7 @@ def _configs(model: ModelSpec, gpu: GpuSpec, version: Version, workload: Workloa
     """The settings the seeds fix from the workload (every candidate shares them)."""
     max_len = context_length(workload, model)
     seqs = workload.peak_concurrency
-    engine = default_engine(version)
+    engine = release(version).default_engine
     _, tokens, _ = defaults.resolve_batch(version, engine, gpu.name, gpu.total_memory_bytes, usage_context, max_len,
                                           model.vision is not None, seqs, None)
     base = {"max_model_len": max_len, "max_num_seqs": seqs, "usage_context": usage_context,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.params import parameter_counts
@@ -20,7 +21,6 @@ from oomguard.plan.speed import Speed, decode_speed
 from oomguard.plan.workload import Workload
 from oomguard.units import GiB
 
-PREFETCH_OFFLOAD_SINCE = (0, 17, 0)   # vllm/model_executor/offloader/prefetch.py first ships in 0.17
 SECONDS_PER_TOKEN_IS_UNUSABLE = 1.0
 CONTEXT_STEP_SEARCH = 256          # granularity of the "shorter context" answer
 
@@ -214,7 +214,7 @@ def offload_plan(closest: Candidate | None, gpu: GpuSpec, gpu_count: int, worklo
     batch, context = workload.peak_concurrency, workload.p99_tokens
     uva = decode_speed(found.checkpoint.model, found.report, gpu, batch, context, "uva")
     prefetch = prefetch_flags = None
-    if version >= PREFETCH_OFFLOAD_SINCE:  # vllm/config/offload.py PrefetchOffloadConfig: last K of every G layers
+    if release(version).prefetch_offload:  # vllm/config/offload.py PrefetchOffloadConfig: last K of every G layers
         prefetch = decode_speed(found.checkpoint.model, found.report, gpu, batch, context, "prefetch")
         layers = found.report.first.layers
         group = min(8, layers)

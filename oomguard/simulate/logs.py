@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from oomguard.engines.vllm.releases import release
 from oomguard.simulate.plan import SimPlan
 from oomguard.units import GiB
 
@@ -24,8 +25,9 @@ def format_gib(n_bytes: float) -> str:
 
 def startup_lines(plan: SimPlan, host: str, port: int, speed: float, pid: int | None = None) -> list[str]:
     v = plan.vllm_version
+    rel = release(v)
     pid = os.getpid() if pid is None else pid
-    engine = f"(EngineCore_DP0 pid={pid}) " if v >= (0, 11, 0) else ""
+    engine = f"(EngineCore_DP0 pid={pid}) " if rel.engine_core_prefix else ""
     weights_gib = plan.weights_bytes / GiB
     load_s = max(weights_gib / 1.6, 0.1)
     lines = [
@@ -41,17 +43,8 @@ def startup_lines(plan: SimPlan, host: str, port: int, speed: float, pid: int | 
                             f"Chunked prefill is enabled with max_num_batched_tokens={plan.max_num_batched_tokens}.",
                             engine))
     lines.append(_stamp("INFO", "default_loader.py:262", f"Loading weights took {load_s:.2f} seconds", engine))
-    if v < (0, 7, 4):
-        lines.append(_stamp("INFO", "model_runner.py:1115", f"Loading model weights took {weights_gib:.4f} GB", engine))
-    elif v < (0, 12, 0):
-        lines.append(_stamp("INFO", "gpu_model_runner.py:1892",
-                            f"Model loading took {weights_gib:.4f} GiB and {load_s + 0.5:.6f} seconds", engine))
-    elif v < (0, 14, 0):
-        lines.append(_stamp("INFO", "gpu_model_runner.py:2653",
-                            f"Model loading took {weights_gib:.4f} GiB memory and {load_s + 0.5:.6f} seconds", engine))
-    else:
-        lines.append(_stamp("INFO", "gpu_model_runner.py:3419", f"Model loading took {format_gib(plan.weights_bytes)} "
-                            f"GiB memory and {load_s + 0.5:.6f} seconds", engine))
+    lines.append(_stamp("INFO", "gpu_model_runner.py:3419", rel.weights_line.format(
+        gib=weights_gib, gib_rounded=format_gib(plan.weights_bytes), secs=load_s + 0.5), engine))
 
     kv_gib = plan.kv_cache_bytes / GiB
     concurrency = plan.max_concurrency
@@ -65,25 +58,22 @@ def startup_lines(plan: SimPlan, host: str, port: int, speed: float, pid: int | 
                             f"{budget:.2f}GiB\nmodel weights take {weights_gib:.2f}GiB; non_torch_memory takes "
                             f"0.13GiB; PyTorch activation peak memory takes {max(budget - weights_gib - kv_gib - 0.13, 0):.2f}GiB;"
                             f" the rest of the memory reserved for KV Cache is {kv_gib:.2f}GiB."))
-        device = "GPU" if v < (0, 7, 0) else "CUDA"
         lines.append(_stamp("INFO", "executor_base.py:111",
-                            f"# {device} blocks: {plan.num_gpu_blocks}, # CPU blocks: 2048"))
+                            f"# {rel.blocks_word} blocks: {plan.num_gpu_blocks}, # CPU blocks: 2048"))
         lines.append(_stamp("INFO", "executor_base.py:116",
                             f"Maximum concurrency for {mml} tokens per request: {concurrency:.2f}x"))
     else:
-        if v >= (0, 14, 0):
-            lines.append(_stamp("INFO", "gpu_worker.py:338", f"Available KV cache memory: {format_gib(plan.kv_cache_bytes)} GiB",
-                                engine))
-        elif v >= (0, 9, 0):
-            lines.append(_stamp("INFO", "gpu_worker.py:276", f"Available KV cache memory: {kv_gib:.2f} GiB", engine))
-        if v >= (0, 28, 0):
+        if rel.available_kv_line:
+            kv_text = format_gib(plan.kv_cache_bytes) if rel.gib_rounded else f"{kv_gib:.2f}"
+            lines.append(_stamp("INFO", "gpu_worker.py:338", f"Available KV cache memory: {kv_text} GiB", engine))
+        if rel.kv_size_and_concurrency_one_line:
             lines.append(_stamp("INFO", "kv_cache_utils.py:1316", f"GPU KV cache size: {tokens:,} tokens, Maximum "
                                 f"concurrency for {mml:,} tokens per request: {concurrency:.2f}x", engine))
         else:
             lines.append(_stamp("INFO", "kv_cache_utils.py:1087", f"GPU KV cache size: {tokens:,} tokens", engine))
             lines.append(_stamp("INFO", "kv_cache_utils.py:1091",
                                 f"Maximum concurrency for {mml:,} tokens per request: {concurrency:.2f}x", engine))
-        if (0, 11, 0) <= v < (0, 12, 0):
+        if rel.num_gpu_blocks_logged:
             lines.append(_stamp("INFO", "loggers.py:147", "Engine 000: vllm cache_config_info with initialization "
                                 f"after num_gpu_blocks is: {plan.num_gpu_blocks}", engine))
         lines.append(_stamp("INFO", "core.py:210",
@@ -96,8 +86,7 @@ def startup_lines(plan: SimPlan, host: str, port: int, speed: float, pid: int | 
 
 def oom_lines(plan: SimPlan, request_id: str, needed_blocks: int, free_blocks: int) -> list[str]:
     """An EngineCore death by CUDA OOM, as vLLM prints it when the engine process fails (simulated)."""
-    v = plan.vllm_version
-    engine = f"(EngineCore_DP0 pid={os.getpid()}) " if v >= (0, 11, 0) else ""
+    engine = f"(EngineCore_DP0 pid={os.getpid()}) " if release(plan.vllm_version).engine_core_prefix else ""
     total = plan.total_memory_bytes / GiB
     free_mib = 3.06
     used = total - free_mib / 1024

@@ -18,6 +18,7 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -28,14 +29,6 @@ LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
                    480.0, 960.0, 1920.0, 7680.0)
 
 
-def kv_usage_names(version: Version) -> tuple[str, ...]:
-    if version < (0, 9, 0):
-        return ("vllm:gpu_cache_usage_perc",)
-    if version < (0, 11, 0):
-        return ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-    return ("vllm:kv_cache_usage_perc",)
-
-
 class SimMetrics:
     """Every metric the simulator exports, in its own registry (several simulators can live in one process)."""
 
@@ -43,7 +36,8 @@ class SimMetrics:
                  kv_usage: Callable[[], float], running: Callable[[], float], waiting: Callable[[], float]):
         self.version = version
         self.registry = registry = CollectorRegistry(auto_describe=True)
-        v1 = version >= (0, 8, 0)
+        rel = release(version)
+        v1 = rel.engine_label
         names = ["model_name"] + (["engine"] if v1 else [])
         values = [model_name] + (["0"] if v1 else [])
 
@@ -52,9 +46,9 @@ class SimMetrics:
 
         gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running)
         gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting)
-        if not v1:
+        if rel.swapped_gauge:
             gauge("vllm:num_requests_swapped", "Number of requests swapped to CPU.", lambda: 0.0)
-        for name in kv_usage_names(version):
+        for name in rel.kv_usage_metrics:
             gauge(name, "KV-cache usage. 1 means 100 percent usage.", kv_usage)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
@@ -68,12 +62,7 @@ class SimMetrics:
         self._success = counter("vllm:request_success", "Count of successfully processed requests.",
                                 ("finished_reason",))
         self._values = values
-        prefix_names = []
-        if version >= (0, 9, 0):
-            prefix_names.append("vllm:prefix_cache")
-        if version < (0, 11, 0):
-            prefix_names.append("vllm:gpu_prefix_cache")
-        for base in prefix_names:  # no prefix caching is simulated: the counters exist and stay at zero
+        for base in rel.prefix_cache_metrics:  # no prefix caching is simulated: the counters exist and stay at zero
             counter(f"{base}_queries", "Prefix cache queries, in terms of number of queried tokens.").labels(*values)
             counter(f"{base}_hits", "Prefix cache hits, in terms of number of cached tokens.").labels(*values)
 
@@ -92,16 +81,12 @@ class SimMetrics:
                                      _token_buckets(int(cache_config.get("max_model_len", 8192) or 8192)))
         self.generation_hist = histogram("vllm:request_generation_tokens", "Number of generation tokens processed.",
                                          _token_buckets(int(cache_config.get("max_model_len", 8192) or 8192)))
-        self.itl: list[Histogram] = []
-        if version < (0, 12, 0):
-            self.itl.append(histogram("vllm:time_per_output_token_seconds",
-                                      "Histogram of time per output token in seconds.", ITL_BUCKETS))
-        if version >= (0, 11, 0):
-            self.itl.append(histogram("vllm:inter_token_latency_seconds",
-                                      "Histogram of inter-token latency in seconds.", ITL_BUCKETS))
+        itl_docs = {"vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
+                    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds."}
+        self.itl: list[Histogram] = [histogram(name, itl_docs[name], ITL_BUCKETS) for name in rel.itl_metrics]
         self.tpot = histogram("vllm:request_time_per_output_token_seconds",
                               "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS) \
-            if version >= (0, 11, 0) else None
+            if rel.request_tpot_histogram else None
 
         info_labels = {k: str(v) for k, v in cache_config.items() if k != "max_model_len"}
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info_labels),

@@ -12,12 +12,13 @@ behaviour; 0.31-0.32 were not read and are assumed to match 0.33). A missing max
 
 from __future__ import annotations
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 
 
 def error_body(version: Version, message: str, status: int = 400, err_type: str = "BadRequestError",
                param: str | None = None) -> dict:
-    if version >= (0, 10, 0):
+    if release(version).openai_error_envelope:
         return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return {"object": "error", "message": message, "type": err_type, "param": param, "code": status}
 
@@ -25,7 +26,8 @@ def error_body(version: Version, message: str, status: int = 400, err_type: str 
 def check_context(version: Version, max_model_len: int, n: int, m: int | None) -> tuple[str | None, int]:
     """(vLLM's 400 text or None, effective max_tokens) for n prompt tokens and requested max_tokens m."""
     L = max_model_len
-    if version < (0, 10, 0):
+    era = release(version).context_error_era
+    if era == 0:
         if m is None:
             if n >= L:
                 return (f"This model's maximum context length is {L} tokens. However, you requested {n} tokens in "
@@ -36,7 +38,7 @@ def check_context(version: Version, max_model_len: int, n: int, m: int | None) -
                     f"({n} in the messages, {m} in the completion). Please reduce the length of the messages or "
                     "completion."), 0
         return None, m
-    if version < (0, 18, 0):
+    if era == 1:
         if n >= L:
             return (f"This model's maximum context length is {L} tokens. However, your request has {n} input "
                     "tokens. Please reduce the length of the input messages."), 0
@@ -46,7 +48,7 @@ def check_context(version: Version, max_model_len: int, n: int, m: int | None) -
             return (f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context "
                     f"length is {L} tokens and your request has {n} input tokens ({m} > {L} - {n})."), 0
         return None, m
-    if version < (0, 31, 0):
+    if era == 2:
         requested = m or 0
         if n + requested > L or n >= L:
             return (f"This model's maximum context length is {L} tokens. However, you requested {requested} output "

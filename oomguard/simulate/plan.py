@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import NEWEST, Version, fmt, parse_version
 from oomguard.errors import UsageError
 from oomguard.units import GiB, cdiv
@@ -49,18 +50,18 @@ class SimPlan:
 
     @property
     def engine(self) -> str:
-        return "v1" if self.vllm_version >= (0, 8, 0) else "v0"
+        return release(self.vllm_version).default_engine
 
     @property
     def max_concurrency(self) -> float:
-        if self.vllm_version < (0, 9, 0):
+        if not release(self.vllm_version).concurrency_per_request_blocks:
             return self.num_gpu_blocks * self.block_size / self.max_model_len
         return self.num_gpu_blocks / cdiv(self.max_model_len, self.block_size)
 
     @property
     def kv_cache_tokens(self) -> int:
         """The token count vLLM prints in 'GPU KV cache size: N tokens' for this version."""
-        if self.vllm_version >= (0, 21, 0):
+        if release(self.vllm_version).kv_tokens_from_concurrency:
             return int(self.max_concurrency * self.max_model_len)
         return self.num_gpu_blocks * self.block_size
 
@@ -68,11 +69,11 @@ class SimPlan:
         labels: dict[str, object] = {
             "block_size": self.block_size, "cache_dtype": self.kv_cache_dtype,
             "gpu_memory_utilization": self.gpu_memory_utilization, "num_gpu_blocks": self.num_gpu_blocks,
-            "num_cpu_blocks": 0 if self.vllm_version >= (0, 8, 0) else "None",
+            "num_cpu_blocks": 0 if release(self.vllm_version).num_cpu_blocks_label_zero else "None",
             "enable_prefix_caching": False, "swap_space": 4, "sliding_window": "None",
             "num_gpu_blocks_override": self.num_gpu_blocks if self.source != "planner" else "None",
         }
-        if self.vllm_version >= (0, 24, 0):
+        if release(self.vllm_version).cache_config_kv_tokens:
             labels["kv_cache_size_tokens"] = self.kv_cache_tokens
             labels["kv_cache_max_concurrency"] = round(self.max_concurrency, 2)
         labels["max_model_len"] = self.max_model_len  # not a real label: removed by the metrics module

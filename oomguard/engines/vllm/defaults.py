@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
-
-
-def gpu_memory_utilization(version: Version) -> float:
-    """CacheConfig.gpu_memory_utilization: 0.9 up to 0.19, 0.92 from 0.20 (vllm/config/cache.py)."""
-    return 0.92 if version >= (0, 20, 0) else 0.9
-
-
-def cuda_graphs_in_budget(version: Version) -> bool:
-    """VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20 (vllm/envs.py); before 0.18 no estimate."""
-    return version >= (0, 20, 0)
 
 
 def batch_defaults(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,
@@ -29,10 +20,11 @@ def batch_defaults(version: Version, engine: str, gpu_name: str, total_bytes: in
             return 256, 2048, "V0 with max_model_len > 32768 enables chunked prefill at 2048 tokens"
         tokens = max(max_model_len, 5120 if multimodal else 2048)
         return 256, tokens, "V0 without chunked prefill batches max(max_model_len, 2048) tokens"
+    rel = release(version)
     is_a100 = "a100" in gpu_name.lower()
-    if version >= (0, 28, 0) and gib >= 160:
+    if rel.large_gpu_tier_gib and gib >= rel.large_gpu_tier_gib:
         tier, seqs, tokens = ">=160 GiB", 1024, {"llm": 16384, "serve": 16384}
-    elif gib >= 70 and (version < (0, 9, 0) or not is_a100):
+    elif gib >= 70 and (rel.a100_in_large_tier or not is_a100):
         tier, seqs, tokens = ">=70 GiB, not A100", 1024, {"llm": 16384, "serve": 8192}
     else:
         tier, seqs, tokens = "smaller", 256, {"llm": 8192, "serve": 2048}
@@ -50,8 +42,8 @@ def resolve_batch(version: Version, engine: str, gpu_name: str, total_bytes: int
     if tokens is None:
         tokens = tokens_default
         if engine == "v1":
-            if multimodal and version < (0, 20, 0):
-                tokens = max(tokens, 5120)
+            if multimodal:
+                tokens = max(tokens, release(version).multimodal_min_batched_tokens)
             tokens = min((seqs or seqs_default) * max_model_len, tokens)
         notes.append(f"max_num_batched_tokens={tokens} ({why})")
     if seqs is None:

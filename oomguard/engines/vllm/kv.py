@@ -8,34 +8,68 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.units import cdiv
 
 
 @dataclass(frozen=True)
-class KvSpec:
-    kind: str            # "full", "sliding", "chunked", "mla"
+class FullAttentionSpec:
+    """Full attention: K and V pages for every token (kv_cache_interface.FullAttentionSpec)."""
+
     block_size: int
     num_kv_heads: int
     head_size: int
     dtype_bytes: int
-    window: int | None = None   # sliding window or attention chunk size
 
     @property
     def page_size_bytes(self) -> int:
-        """AttentionSpec.page_size_bytes (K and V) / MLAAttentionSpec (one latent tensor)."""
-        tensors = 1 if self.kind == "mla" else 2
-        return tensors * self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+        """AttentionSpec.page_size_bytes: K and V."""
+        return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
 
     def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
-        """Worst-case bytes one request needs (each spec's max_memory_usage_bytes in kv_cache_interface.py)."""
-        if self.kind == "sliding":
-            tokens = min(self.window - 1 + in_flight_tokens, max_model_len)
-            return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
-        if self.kind == "chunked":
-            tokens = min(self.window + in_flight_tokens, max_model_len)
-            return cdiv(tokens, self.block_size) * self.page_size_bytes
+        """Worst-case bytes one request needs: every token of max_model_len."""
         return cdiv(max_model_len, self.block_size) * self.page_size_bytes
+
+    def as_full_attention(self) -> FullAttentionSpec:
+        """The spec without its window (unify_hybrid_kv_cache_specs, when the hybrid manager is off)."""
+        return FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.dtype_bytes)
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    window: int = 0
+
+    def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """SlidingWindowSpec: the window plus the tokens in flight, and one more block because the window's
+        start need not sit on a block boundary."""
+        tokens = min(self.window - 1 + in_flight_tokens, max_model_len)
+        return (cdiv(tokens, self.block_size) + 1) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec(FullAttentionSpec):
+    window: int = 0   # attention_chunk_size
+
+    def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """ChunkedLocalAttentionSpec: one chunk plus the tokens in flight."""
+        tokens = min(self.window + in_flight_tokens, max_model_len)
+        return cdiv(tokens, self.block_size) * self.page_size_bytes
+
+
+@dataclass(frozen=True)
+class MLAAttentionSpec(FullAttentionSpec):
+    """MLA: one latent tensor (kv_lora_rank + rope dim) per token, shared by all heads."""
+
+    @property
+    def page_size_bytes(self) -> int:
+        return self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+
+    def as_full_attention(self) -> MLAAttentionSpec:
+        return self
+
+
+KvSpec = FullAttentionSpec   # every kind is a FullAttentionSpec with its own answers
 
 
 @dataclass(frozen=True)
@@ -69,7 +103,7 @@ class KvLayout:
 
     def needed_bytes(self, max_model_len: int, in_flight_tokens: int, version: Version) -> int:
         """KV bytes one request of max_model_len needs on this worker (check_enough_kv_cache_memory)."""
-        if version >= (0, 17, 0) and len(self.groups) > 1:
+        if release(version).unified_page_check and len(self.groups) > 1:
             return self.group_size * self.groups[0].spec.page_size_bytes * self.blocks_per_request(
                 max_model_len, in_flight_tokens)
         return sum(g.num_layers * g.spec.max_memory_usage_bytes(max_model_len, in_flight_tokens)
@@ -79,8 +113,7 @@ class KvLayout:
 def build_layout(specs: list[KvSpec], hybrid_manager: bool = True) -> KvLayout:
     """Group per-layer specs: one group if all equal, else groups of equal size per kind (uniform page size)."""
     if not hybrid_manager:  # unify_hybrid_kv_cache_specs: windows become full attention
-        specs = [KvSpec("full", s.block_size, s.num_kv_heads, s.head_size, s.dtype_bytes)
-                 if s.kind in ("sliding", "chunked") else s for s in specs]
+        specs = [s.as_full_attention() for s in specs]
     by_spec: dict[KvSpec, int] = {}
     for spec in specs:
         by_spec[spec] = by_spec.get(spec, 0) + 1
@@ -106,7 +139,7 @@ def num_blocks(layout: KvLayout, available_bytes: int) -> int:
 def max_concurrency(layout: KvLayout, blocks: int, max_model_len: int, in_flight_tokens: int,
                     version: Version) -> float:
     """'Maximum concurrency for L tokens per request: Xx' (get_max_concurrency_for_kv_cache_config)."""
-    if version < (0, 9, 0):
+    if not release(version).concurrency_per_request_blocks:
         return blocks * layout.block_size / max_model_len
     return blocks / max(layout.blocks_per_request(max_model_len, in_flight_tokens), 1)
 
@@ -114,9 +147,10 @@ def max_concurrency(layout: KvLayout, blocks: int, max_model_len: int, in_flight
 def kv_cache_tokens(layout: KvLayout, blocks: int, concurrency: float, max_model_len: int,
                     version: Version) -> int:
     """'GPU KV cache size: N tokens' (kv_cache_utils.py: blocks x block size up to 0.20, concurrency x L after)."""
-    if version >= (0, 21, 0):
+    rel = release(version)
+    if rel.kv_tokens_from_concurrency:
         return int(concurrency * max_model_len)
-    if version >= (0, 9, 0):
+    if rel.hybrid_kv_manager:
         return blocks // len(layout.groups) * layout.block_size
     return blocks * layout.block_size
 

@@ -14,9 +14,11 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from oomguard.engines.vllm import defaults, messages, profile
-from oomguard.engines.vllm.kv import (KvLayout, KvSpec, build_layout, estimate_max_model_len, kv_cache_tokens,
-                                      max_concurrency, num_blocks)
-from oomguard.engines.vllm.versions import Version, default_engine, fmt
+from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec,
+                                      MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
+                                      kv_cache_tokens, max_concurrency, num_blocks)
+from oomguard.engines.vllm.releases import release
+from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
@@ -185,23 +187,30 @@ def resolve_quant(model: ModelSpec, cfg: EngineConfig) -> QuantSpec | None:
 def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
     """CudaPlatform block size: 16, or the MLA backend's (FlashMLA 64 on Hopper, CUTLASS MLA 128 on Blackwell)."""
     if model.mla:
-        if (10, 0) <= gpu.compute_capability < (11, 0) and version >= (0, 10, 0):  # data-centre Blackwell only
+        rel = release(version)
+        if gpu.compute_capability[0] == 10 and rel.cutlass_mla_block_128:  # data-centre Blackwell only
             return 128
-        if gpu.compute_capability >= (9, 0) and (0, 8, 0) <= version < (0, 18, 0):
+        if gpu.compute_capability >= (9, 0) and rel.flashmla_block_64:
             return 64
     return 16
 
 
 def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
-    specs = []
+    """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec)."""
+    heads = max(1, model.num_kv_heads // tp)
+    specs: list[KvSpec] = []
     for i in layers:
         kind = model.layer_attention[i]
         if kind == "mla":
             m = model.mla
-            specs.append(KvSpec("mla", block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+            specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+        elif kind == "sliding":
+            specs.append(SlidingWindowSpec(block_size, heads, model.head_dim, kv_bytes, model.sliding_window))
+        elif kind == "chunked":
+            specs.append(ChunkedLocalAttentionSpec(block_size, heads, model.head_dim, kv_bytes,
+                                                   model.attention_chunk_size))
         else:
-            window = model.sliding_window if kind == "sliding" else model.attention_chunk_size if kind == "chunked" else None
-            specs.append(KvSpec(kind, block_size, max(1, model.num_kv_heads // tp), model.head_dim, kv_bytes, window))
+            specs.append(FullAttentionSpec(block_size, heads, model.head_dim, kv_bytes))
     return specs
 
 
@@ -241,7 +250,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS) -> MemoryReport:
     """What vLLM `version` does with the memory of each GPU at startup, and whether it starts."""
     validate(model, cfg, gpu_count)
-    engine = engine or default_engine(version)
+    rel = release(version)
+    engine = engine or rel.default_engine
     notes: list[str] = []
     warnings: list[str] = []
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
@@ -258,13 +268,13 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
 
     util = cfg.gpu_memory_utilization
     if util is None:
-        util = defaults.gpu_memory_utilization(version)
+        util = rel.gpu_memory_utilization
         notes.append(f"gpu_memory_utilization={util} (vLLM {fmt(version)} default)")
-    requested = math.ceil(total * util) if version >= (0, 14, 0) else int(total * util)
+    requested = math.ceil(total * util) if rel.requested_rounds_up else int(total * util)
 
     error = error_class = None
     max_len = cfg.max_model_len
-    auto_fit = max_len == -1 and version >= (0, 14, 0)
+    auto_fit = max_len == -1 and rel.max_model_len_auto
     if max_len is None or max_len == -1:
         max_len = model.derived_max_model_len
         notes.append(f"max_model_len={max_len} (derived from config.json)")
@@ -282,11 +292,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if cfg.block_size is None and block_size != 16:
         notes.append(f"block_size={block_size} (the MLA attention backend's)")
     # in-flight tokens bound the sliding-window worst case; async scheduling doubles them from 0.26
-    in_flight = tokens * (2 if version >= (0, 26, 0) and pp == 1 else 1)
-    hybrid_manager = engine == "v1" and version >= (0, 9, 0) and not (
-        model.attention_chunk_size and version >= (0, 11, 0))  # chunked-local disables it (0.11+)
+    in_flight = tokens * (2 if rel.async_scheduling and pp == 1 else 1)
+    hybrid_manager = engine == "v1" and rel.hybrid_kv_manager and not (
+        model.attention_chunk_size and rel.chunked_local_disables_hybrid)
     num_reqs = min(seqs, tokens)
-    in_budget = engine == "v1" and defaults.cuda_graphs_in_budget(version)
+    in_budget = engine == "v1" and rel.cuda_graphs_in_budget
     start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients)
     free_at_start = total - start_used if free_memory_bytes is None else free_memory_bytes
     if free_memory_bytes is not None:
@@ -305,7 +315,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                    stage == pp - 1, act_bytes, coefficients)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients)
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp)
-        if cfg.kv_cache_memory_bytes is not None and engine == "v1" and version >= (0, 11, 0):
+        if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs if in_budget else 0)
@@ -317,7 +327,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     blocks = min(w.num_blocks for w in workers)
     tight = min(range(pp), key=lambda s: workers[s].kv_cache_bytes)
     layout, avail_min = layouts[tight], workers[tight].kv_cache_bytes
-    fit_available = avail_min - (layout.bytes_per_block if version >= (0, 30, 0) else 0)
+    fit_available = avail_min - (layout.bytes_per_block if rel.fit_reserves_one_block else 0)
     if auto_fit:
         fitted = estimate_max_model_len(layout, fit_available, max_len, in_flight, version)
         if fitted and fitted < max_len:
@@ -330,7 +340,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     weights_max = max(w.weights_bytes for w in workers)
     if error is None and gpu.compute_capability < (8, 0) and dtype == "bfloat16":
         error, error_class = messages.bf16_unsupported(gpu.name, gpu.compute_capability), "dtype_capability"
-    if error is None and engine == "v1" and version >= (0, 9, 0) and free_at_start < requested:
+    if error is None and engine == "v1" and rel.free_memory_check and free_at_start < requested:
         error, error_class = messages.free_memory_too_low(version, free_at_start, total, util, requested), \
             "gpu_memory_in_use"
     if error is None and start_used + weights_max + max(w.non_torch_bytes for w in workers) > total:
@@ -342,7 +352,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         error, error_class = messages.no_cache_memory(version, engine), "no_cache_blocks"
     if error is None:
         if engine == "v0":
-            v0_tokens = block_size * blocks // (pp if version >= (0, 10, 0) else 1)
+            v0_tokens = block_size * blocks // (pp if rel.v0_tokens_divided_by_pp else 1)
             if max_len > v0_tokens:
                 error, error_class = messages.kv_too_small(version, engine, max_len, needed, avail_min, 0,
                                                            v0_tokens), "kv_cache_too_small"

@@ -7,6 +7,7 @@ gpu_worker.init_device (0.9-0.13), vllm/config/model.py (dtype check, TP heads c
 
 from __future__ import annotations
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 
 _DOCS = " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
@@ -14,14 +15,15 @@ _DOCS = " See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ fo
 
 def _gib(n_bytes: float, version: Version) -> str:
     value = n_bytes / (1 << 30)
-    return f"{round(value, 2)}" if version >= (0, 14, 0) else f"{value:.2f}"
+    return f"{round(value, 2)}" if release(version).gib_rounded else f"{value:.2f}"
 
 
 def no_cache_memory(version: Version, engine: str) -> str:
     text = "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine"
-    if engine == "v1" and version >= (0, 22, 0):
+    rel = release(version)
+    if engine == "v1" and rel.cpu_backend_wording:
         return text + " (this flag also controls CPU memory reservation on the CPU backend, despite its name)." + _DOCS
-    return text + "." + (_DOCS if engine == "v1" and version >= (0, 13, 0) else "")
+    return text + "." + (_DOCS if engine == "v1" and rel.docs_link_in_errors else "")
 
 
 def kv_too_small(version: Version, engine: str, max_model_len: int, needed: int, available: int,
@@ -30,24 +32,25 @@ def kv_too_small(version: Version, engine: str, max_model_len: int, needed: int,
         return (f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens that can be "
                 f"stored in KV cache ({v0_max_tokens}). Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine.")
+    rel = release(version)
     need, avail = _gib(needed, version), _gib(available, version)
-    models = "model's" if version >= (0, 22, 0) else "models's"
+    models = "model's" if rel.cpu_backend_wording else "models's"
     head = (f"To serve at least one request with the {models} max seq len ({max_model_len}), ({need} GiB KV cache is "
             f"needed, which is larger than the available KV cache memory ({avail} GiB).")
-    if version < (0, 9, 0):  # 0.8.x lost the estimate to a stray statement
+    if rel.estimate_dropped:
         return head + (" Based on the available memory,  " if estimated > 0 else "  ") + \
             "Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
     estimate = f"Based on the available memory, the estimated maximum model length is {estimated}." if estimated else ""
     util = "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend)" \
-        if version >= (0, 22, 0) else "`gpu_memory_utilization`"
+        if rel.cpu_backend_wording else "`gpu_memory_utilization`"
     tail = f"Try increasing {util} or decreasing `max_model_len` when initializing the engine."
-    if version >= (0, 14, 0):
+    if rel.gib_rounded:
         return f"{head} {estimate + ' ' if estimate else ''}{tail}{_DOCS}"
-    return f"{head} {estimate} {tail}" + (_DOCS if version >= (0, 13, 0) else "")
+    return f"{head} {estimate} {tail}" + (_DOCS if rel.docs_link_in_errors else "")
 
 
 def free_memory_too_low(version: Version, free: int, total: int, utilization: float, requested: float) -> str:
-    device = "on device cuda:0 " if version >= (0, 14, 0) else "on device "
+    device = "on device cuda:0 " if release(version).device_in_free_memory_error else "on device "
     return (f"Free memory {device}({_gib(free, version)}/{_gib(total, version)} GiB) on startup is less than desired "
             f"GPU memory utilization ({utilization}, {_gib(requested, version)} GiB). Decrease GPU memory "
             "utilization or reduce GPU memory used by other processes.")

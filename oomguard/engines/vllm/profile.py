@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.engines.vllm.releases import release
 from oomguard.models.spec import ModelSpec
 from oomguard.units import GiB
 
@@ -86,7 +87,7 @@ def non_torch_bytes(engine: str, version: tuple[int, int, int], tp: int, pp: int
                     c: ProfileCoefficients = COEFFICIENTS) -> int:
     """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py)."""
     if engine == "v0":
-        gib = c.non_torch_v06_gib if version < (0, 7, 0) else c.non_torch_v0_gib
+        gib = c.non_torch_v06_gib if release(version).v0_counts_cuda_context else c.non_torch_v0_gib
     elif tp > 1:
         gib = c.non_torch_tp_gib
     elif pp > 1:
@@ -100,7 +101,7 @@ def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int
                      c: ProfileCoefficients = COEFFICIENTS) -> int:
     """GPU memory already in use when vLLM takes its initial snapshot (what the free-memory check sees)."""
     gib = c.context_gib
-    if engine == "v1" and version >= (0, 11, 0) and world_size > 1:
+    if engine == "v1" and release(version).nccl_before_snapshot and world_size > 1:
         gib += c.nccl_init_gib  # Worker.init_device initialises NCCL before MemorySnapshot from 0.11
     return int(gib * GiB)
 

@@ -245,15 +245,3 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("vllm.internal_bug_text", "engine_bug", "this should never happen", 0.7, "vllm internal assertion",
               kind="bug", cause="vLLM hit an internal assertion."),
 )
-
-# Version-specific misbehaviour of vLLM itself, checked against a finding of `cls` and the startup facts.
-# (first affected, first fixed, class, condition on facts, text)
-KNOWN_REGRESSIONS: tuple[tuple[tuple[int, int, int], tuple[int, int, int], str, str, str], ...] = (
-    ((0, 14, 0), (0, 17, 0), "kv_cache_too_small", "pipeline_parallel_size>1",
-     "vLLM 0.14-0.16 checks one request's KV need against all pipeline stages' layers at once, so with "
-     "pipeline parallelism the check is about pp times stricter than the allocation (fixed in 0.17): "
-     "upgrade rather than cut max_model_len."),
-    ((0, 8, 0), (0, 9, 0), "kv_cache_too_small", "",
-     "vLLM 0.8.x drops the estimated maximum model length from this message (a misplaced f-string); oomguard "
-     "computes it from the GiB figures instead."),
-)

@@ -32,8 +32,3 @@ def parse_version(text: str) -> Version:
 
 def fmt(version: Version) -> str:
     return ".".join(map(str, version))
-
-
-def default_engine(version: Version) -> str:
-    """V1 became the default in 0.8 (vllm/envs.py VLLM_USE_V1); V0 was removed in 0.11."""
-    return "v1" if version >= (0, 8, 0) else "v0"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.models.spec import ModelSpec
 from oomguard.units import cdiv
@@ -54,7 +55,7 @@ def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version |
         return None
     if compute_capability[0] == 10:
         return "flashinfer_trtllm"
-    if compute_capability[0] == 9 and version >= (0, 12, 0):
+    if compute_capability[0] == 9 and release(version).mxfp4_triton_on_hopper:
         return "triton"
     return "marlin"
 
