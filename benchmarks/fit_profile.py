@@ -37,13 +37,14 @@ from oomguard.engines.vllm.releases import release  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import padded_vocab  # noqa: E402
 from oomguard.errors import UsageError  # noqa: E402
+from oomguard.gpus.catalog import resolve_gpu  # noqa: E402
 from oomguard.models.spec import DTYPE_BYTES  # noqa: E402
 from oomguard.units import GiB  # noqa: E402
 
 # figure -> (record field, the coefficients it depends on)
 GROUPS = {
-    "activation_peak": ("activation_peak_gib", ("sampler_bytes_per_logit", "forward_bytes_per_hidden",
-                                                "forward_bytes_per_inter", "moe_bytes_per_routed")),
+    "activation_peak": ("activation_peak_gib", ("forward_bytes_per_hidden", "forward_bytes_per_inter",
+                                                "moe_bytes_per_routed")),
     "non_torch": ("non_torch_gib", ("non_torch_single_gib", "non_torch_tp_gib", "non_torch_pp_only_gib",
                                     "non_torch_v0_gib", "non_torch_v06_gib")),
     "start_used": ("gpu_total_memory_gib - gpu_free_at_start_gib", ("context_gib", "nccl_init_gib")),
@@ -92,6 +93,13 @@ def _version_and_engine(r: dict):
     return version, r.get("engine") or release(version).default_engine
 
 
+def _gpu(r: dict):
+    try:
+        return resolve_gpu(r.get("gpu_model") or "")
+    except UsageError:
+        return None
+
+
 def observations(records: list[dict]) -> list[Observation]:
     """Every figure the records measured that profile.py models, with its design (no measured figure is an input)."""
     obs: list[Observation] = []
@@ -101,10 +109,12 @@ def observations(records: list[dict]) -> list[Observation]:
             continue
         version, engine = ve
         tp, pp = r.get("tensor_parallel_size") or 1, r.get("pipeline_parallel_size") or 1
-        if r.get("non_torch_gib") is not None:  # needs no model: it depends on the layout and the version only
+        gpu = _gpu(r)
+        if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # no model needed: layout, version, GPU
+            link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
             names = GROUPS["non_torch"][1]
             obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
-                lambda c: profile.non_torch_bytes(engine, version, tp, pp, c), names),)))
+                lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc), names),)))
         if r.get("gpu_total_memory_gib") and r.get("gpu_free_at_start_gib"):
             names = GROUPS["start_used"][1]
             used = r["gpu_total_memory_gib"] - r["gpu_free_at_start_gib"]
@@ -126,7 +136,8 @@ def observations(records: list[dict]) -> list[Observation]:
             names = GROUPS["activation_peak"][1]
             obs.append(Observation(r["id"], "activation_peak", r["activation_peak_gib"], linearize_many(
                 lambda co: profile.activation_candidates(model, tokens, reqs, padded_vocab(model.vocab_size), tp, pp,
-                                                         stage == pp - 1, act_bytes, co), names)))
+                                                         stage == pp - 1, act_bytes, version, gpu.multiprocessors,
+                                                         co), names)))
         if r.get("cuda_graph_gib") is not None and not c["enforce_eager"]:
             names = GROUPS["cuda_graph"][1]
             obs.append(Observation(r["id"], "cuda_graph", r["cuda_graph_gib"], (linearize(
@@ -190,7 +201,7 @@ def fit_group(obs: list[Observation]) -> tuple[float, ...]:
             branchy.setdefault(o.candidates, []).append(o)
     keys = list(branchy)
     if len(keys) > MAX_BRANCH_GROUPS:
-        raise ValueError(f"{len(keys)} distinct two-branch records: too many for the exhaustive search")
+        return _fit_alternating(obs)
     best, best_sse = None, float("inf")
     for choice in itertools.product(*(range(len(k)) for k in keys)):
         picked = dict(zip(keys, choice))
@@ -208,6 +219,27 @@ def fit_group(obs: list[Observation]) -> tuple[float, ...]:
     if best is None:
         raise ValueError("no branch assignment gives a determined fit")
     return best
+
+
+def _fit_alternating(obs: list[Observation], rounds: int = 50) -> tuple[float, ...]:
+    """Too many two-branch records for the exhaustive search: assign each to the branch the current fit makes the
+    larger, refit, and repeat until the assignment stops changing (a local optimum, started from profile.py)."""
+    names = next(n for g, (_, n) in GROUPS.items() if g == obs[0].group)
+    beta = tuple(getattr(profile.COEFFICIENTS, n) for n in names)
+    for _ in range(rounds):
+        rows, targets, picks = [], [], []
+        for o in obs:
+            pick = max(range(len(o.candidates)),
+                       key=lambda i: o.candidates[i][0] + sum(r * b for r, b in zip(o.candidates[i][1], beta)))
+            const, row = o.candidates[pick]
+            rows.append(row)
+            targets.append(o.target_gib - const)
+            picks.append(pick)
+        new = solve(rows, targets)
+        if new is None or new == beta:
+            break
+        beta = new
+    return beta
 
 
 def fit(records: list[dict]) -> dict:

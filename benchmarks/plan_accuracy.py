@@ -1,12 +1,16 @@
-"""How close `oomguard plan` comes to what vLLM really reported at startup.
+"""How close `oomguard plan` comes to what vLLM really reported at startup, in sample and out of sample.
 
-Runs the planner on every record of ../shared/data/vllm_startup_logs.jsonl it can model (model in the
-catalog, vLLM version known, GPU known) and prints, per figure, the median and 90th-percentile error, the
-start/fail verdict accuracy, the skipped records with the reason, and two baselines computed in the same run:
-  naive   the seeds' formula: weights = params x bytes, KV per token = layers x hidden x 2 x 2 bytes,
+Runs the planner on every startup record it can model (model in the catalog, vLLM version known or dated, GPU
+known) from ../shared/data/vllm_startup_logs.jsonl, ../shared/data/batch2/ and the logs collected in
+benchmarks/data/startup_logs/, and prints, per figure, the median and 90th-percentile error, the start/fail
+verdict accuracy, the skipped records with the reason, and two baselines computed in the same run:
+  naive   the textbook formula: weights = params x bytes, KV per token = layers x hidden x 2 x 2 bytes,
           KV memory = total x utilization - weights
   static  what static planners do: exact weights and exact per-token KV bytes, KV = total x util - weights
-Usage: python benchmarks/plan_accuracy.py [--data PATH] [--json]
+Then the same errors per vLLM version band, GPU class and architecture, and a leave-one-band-out run: the
+fitted coefficients (benchmarks/fit_profile.py) refitted without a band's records, that band scored with them.
+Records without a printed version use benchmarks/data/startup_logs/inferred_versions.json (each says why).
+Usage: python benchmarks/plan_accuracy.py [--data PATH ...] [--json] [--per-record]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import EngineConfig, predict  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: E402
@@ -31,6 +36,12 @@ from oomguard.models.load import catalog_entry, from_catalog  # noqa: E402
 from oomguard.units import GiB  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
+ALL_DATA = (DEFAULT_DATA, ROOT.parent / "shared" / "data" / "batch2" / "vllm_startup_logs.jsonl",
+            *sorted((ROOT / "benchmarks" / "data" / "startup_logs").glob("*.jsonl")))
+INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_versions.json"
+# version bands whose startup code differs most (../shared/research/vllm-memory-model.md section 1.3)
+BANDS = (((0, 0, 0), "0.6-0.7 (V0)"), ((0, 8, 0), "0.8-0.9"), ((0, 10, 0), "0.10-0.13"), ((0, 14, 0), "0.14-0.19"),
+         ((0, 20, 0), "0.20+"))
 FIGURES = ("weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "kv_cache_memory_gib",
            "kv_cache_tokens", "max_concurrency")
 _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "mxfp4", "bitsandbytes"}
@@ -80,6 +91,8 @@ def record_inputs(r: dict):
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
     model = from_catalog(r["model"])
+    if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
+        cfg = replace(cfg, quantization=None)
     gpus = max(r.get("num_gpus") or 1, cfg.tensor_parallel_size * cfg.pipeline_parallel_size)
     return model, gpu, cfg, version, gpus, r.get("engine")
 
@@ -114,15 +127,41 @@ def baselines(model, gpu, report) -> tuple[dict, dict]:
     return out[0], out[1]
 
 
-def run(data: Path) -> list[Case]:
-    cases = []
-    for line in data.read_text().splitlines():
-        if not line.strip():
+def load_records(paths, date_versions: bool = True) -> list[dict]:
+    """Every record of the files, with a dated version where the log printed none (marked `version_inferred`)."""
+    inferred = json.loads(INFERRED_VERSIONS.read_text()) if date_versions and INFERRED_VERSIONS.is_file() else {}
+    records = []
+    for path in paths:
+        if not Path(path).is_file():
             continue
-        case = Case(json.loads(line))
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                if not r.get("vllm_version") and r["id"] in inferred:
+                    r = {**r, "vllm_version": inferred[r["id"]]["version"], "version_inferred": inferred[r["id"]]["why"]}
+                records.append(r)
+    return records
+
+
+def band(record: dict) -> str | None:
+    try:
+        version = parse_version(record.get("vllm_version") or "")
+    except UsageError:
+        return None
+    return [name for since, name in BANDS if version >= since][-1]
+
+
+def run(data: Path, date_versions: bool = True) -> list[Case]:
+    return run_records(load_records([data], date_versions))
+
+
+def run_records(records: list[dict], coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS) -> list[Case]:
+    cases = []
+    for record in records:
+        case = Case(record)
         try:
             model, gpu, cfg, version, gpus, engine = record_inputs(case.record)
-            report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine)
+            report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine, coefficients=coefficients)
         except LookupError as exc:
             case.skip = str(exc)
         except UsageError as exc:
@@ -136,7 +175,10 @@ def run(data: Path) -> list[Case]:
                               "cuda_graph_gib": logged.cuda_graph_bytes / GiB,
                               "kv_cache_memory_gib": report.first.kv_cache_bytes / GiB,
                               "kv_cache_tokens": d["kv_cache_tokens"], "max_concurrency": d["max_concurrency"],
-                              "starts": report.starts, "estimated_max_model_len": report.estimated_max_model_len,
+                              "starts": report.starts, "verdict": report.verdict,
+                              "kv_low_gib": report.kv_cache_low_bytes / GiB,
+                              "kv_high_gib": report.kv_cache_high_bytes / GiB,
+                              "estimated_max_model_len": report.estimated_max_model_len,
                               "error_class": report.error_class}
             case.naive, case.static = baselines(model, gpu, report)
         cases.append(case)
@@ -150,6 +192,16 @@ def _pct(values: list[float], q: float) -> float:
     k = (len(values) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def verdict_right(case: Case, method: str = "predicted") -> bool:
+    """starts/fails must match the outcome; at_risk is right when the logged available KV memory falls inside the
+    predicted range (or the log shows none), whichever way the run went."""
+    pred = getattr(case, method)
+    if pred.get("verdict") == "at_risk":
+        real = case.record.get("kv_cache_memory_gib")
+        return real is None or pred["kv_low_gib"] - 0.005 <= real <= pred["kv_high_gib"] + 0.005
+    return pred["starts"] == (case.record["outcome"] == "ok")
 
 
 def summarize(cases: list[Case]) -> dict:
@@ -168,10 +220,10 @@ def summarize(cases: list[Case]) -> dict:
             if abs_err:
                 target[fig] = {"n": len(abs_err), "median_abs": statistics.median(abs_err), "p90_abs": _pct(abs_err, 0.9),
                                "median_rel": statistics.median(rel_err), "p90_rel": _pct(rel_err, 0.9)}
-        verdicts = [(getattr(c, method) or {}).get("starts") == (c.record["outcome"] == "ok") for c in modelled]
+        verdicts = [verdict_right(c, method) for c in modelled]
         target["verdict_accuracy"] = sum(verdicts) / len(verdicts) if verdicts else float("nan")
-    summary["verdict_misses"] = [c.record["id"] for c in modelled
-                                 if c.predicted["starts"] != (c.record["outcome"] == "ok")]
+    summary["verdict_misses"] = [c.record["id"] for c in modelled if not verdict_right(c)]
+    summary["at_risk"] = [c.record["id"] for c in modelled if c.predicted["verdict"] == "at_risk"]
     summary["skipped"] = [(c.record["id"], c.skip) for c in cases if c.skip]
     return summary
 
@@ -194,22 +246,117 @@ def print_table(summary: dict) -> None:
           f"{b['static']['verdict_accuracy']:.0%} | {b['naive']['verdict_accuracy']:.0%} |")
     if summary["verdict_misses"]:
         print(f"\nverdict misses: {', '.join(summary['verdict_misses'])}")
+    print(f"at risk: {len(summary['at_risk'])} of {summary['modelled']} ({', '.join(summary['at_risk']) or 'none'})")
     print("\nskipped:")
     for rid, why in summary["skipped"]:
         print(f"  {rid}: {why}")
 
 
+def gpu_class(record: dict) -> str:
+    name = str(record.get("gpu_model") or "").lower()
+    return "consumer/workstation" if any(w in name for w in ("geforce", "rtx", "radeon", "titan")) else "data-centre"
+
+
+def groups(cases: list[Case], key) -> dict[str, list[Case]]:
+    out: dict[str, list[Case]] = {}
+    for c in cases:
+        if c.predicted:
+            out.setdefault(key(c.record) or "unknown", []).append(c)
+    return dict(sorted(out.items()))
+
+
+def kv_row(cases: list[Case], method: str = "predicted") -> dict:
+    """Available-KV error (GiB) and verdict accuracy of one group of modelled cases."""
+    errors = [abs(getattr(c, method)["kv_cache_memory_gib"] - c.record["kv_cache_memory_gib"]) for c in cases
+              if c.record.get("kv_cache_memory_gib") is not None]
+    right = [verdict_right(c, method) for c in cases]
+    return {"n": len(cases), "kv_n": len(errors), "kv_median_gib": statistics.median(errors) if errors else None,
+            "kv_p90_gib": _pct(errors, 0.9) if errors else None, "verdict_right": sum(right),
+            "at_risk": sum(getattr(c, method).get("verdict") == "at_risk" for c in cases)}
+
+
+def _fit_module():
+    import importlib
+    return importlib.import_module("fit_profile")
+
+
+def leave_one_band_out(records: list[dict]) -> tuple[list[Case], dict[str, list[str]]]:
+    """Each band scored with coefficients fitted on the other bands only; coefficients the other bands cannot
+    inform keep their shipped values (fitted on all records), listed per band."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    fit_profile = _fit_module()
+    held_out: list[Case] = []
+    uninformed: dict[str, list[str]] = {}
+    for name in sorted({band(r) for r in records} - {None}):
+        train = [r for r in records if band(r) != name]
+        try:
+            fitted = fit_profile.fit(train)["coefficients"]
+        except ValueError:
+            fitted = {}
+        known = {n: v["fitted"] for n, v in fitted.items() if v["fitted"] is not None}
+        uninformed[name] = sorted(set(profile.ProfileCoefficients.__dataclass_fields__) - set(known))
+        coefficients = replace(profile.COEFFICIENTS, **known)
+        held_out += run_records([r for r in records if band(r) == name], coefficients)
+    return held_out, uninformed
+
+
+def generalisation(records: list[dict], cases: list[Case]) -> dict:
+    """In-sample and leave-one-band-out available-KV errors and verdicts, per band and pooled."""
+    held_out, uninformed = leave_one_band_out(records)
+    by_band_in = groups(cases, band)
+    by_band_out = groups(held_out, band)
+    rows = {name: {"in_sample": kv_row(by_band_in[name]), "held_out": kv_row(by_band_out.get(name, [])),
+                   "static": kv_row(by_band_in[name], "static"), "uninformed": uninformed.get(name, [])}
+            for name in by_band_in}
+    modelled_out = [c for c in held_out if c.predicted]
+    pooled = {"in_sample": kv_row([c for c in cases if c.predicted]), "held_out": kv_row(modelled_out),
+              "static": kv_row([c for c in cases if c.predicted], "static")}
+    return {"bands": rows, "pooled": pooled,
+            "gpu_class": {k: kv_row(v) for k, v in groups(cases, gpu_class).items()},
+            "architecture": {k: kv_row(v) for k, v in groups(cases, lambda r: r.get("arch_class")).items()}}
+
+
+def print_generalisation(g: dict) -> None:
+    def cells(row: dict) -> str:
+        if not row["n"]:
+            return "- | - | -"
+        kv = "-" if row["kv_median_gib"] is None else f"{row['kv_median_gib']:.2f} / {row['kv_p90_gib']:.2f}"
+        return f"{kv} | {row['verdict_right']}/{row['n']}"
+    print("\n| vLLM band | records | in-sample KV median / p90 GiB | verdicts | leave-one-band-out KV median / p90 "
+          "| verdicts | static KV median / p90 | verdicts |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, row in list(g["bands"].items()) + [("all", g["pooled"])]:
+        print(f"| {name} | {row['in_sample']['n']} | {cells(row['in_sample'])} | {cells(row['held_out'])} | "
+              f"{cells(row['static'])} |")
+    for title in ("gpu_class", "architecture"):
+        print(f"\n| {title.replace('_', ' ')} | records | in-sample KV median / p90 GiB | verdicts |")
+        print("|---|---|---|---|")
+        for name, row in g[title].items():
+            print(f"| {name} | {row['n']} | {cells(row)} |")
+    left = {b: row["uninformed"] for b, row in g["bands"].items() if row["uninformed"]}
+    if left:
+        print("\ncoefficients the other bands could not inform (shipped values used when scoring the band):")
+        for name, names in left.items():
+            print(f"  {name}: {', '.join(names)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, nargs="+", default=list(ALL_DATA),
+                        help="startup-log JSONL files (default: shared/data, its batch2/ and benchmarks/data/)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--per-record", action="store_true", help="print each record's predicted vs reported figures")
     args = parser.parse_args(argv)
-    if not args.data.is_file():
-        print(f"no data at {args.data}: pass --data PATH to vllm_startup_logs.jsonl", file=sys.stderr)
+    missing = [str(p) for p in args.data if not p.is_file()]
+    if len(missing) == len(args.data):
+        print(f"no data at {', '.join(missing)}: pass --data PATH to vllm_startup_logs.jsonl", file=sys.stderr)
         return 2
-    cases = run(args.data)
+    records = load_records(args.data)
+    cases = run_records(records)
     summary = summarize(cases)
+    summary["generalisation"] = generalisation(records, cases)
+    summary["versions_inferred"] = {c.record["id"]: c.record["version_inferred"] for c in cases
+                                    if c.predicted and c.record.get("version_inferred")}
     if args.per_record:
         for c in cases:
             if c.predicted:
@@ -221,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
     else:
         print_table(summary)
+        print_generalisation(summary["generalisation"])
     return 0
 
 

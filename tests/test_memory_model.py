@@ -207,3 +207,42 @@ def test_sampler_warmup_fix_lowers_kv_cache_memory_bytes_when_that_is_what_was_g
     fix = [w for w in r.warnings if "sampler warm-up" in w][0]
     lowered = int(re.search(r"--kv-cache-memory-bytes (\d+)", fix)[1])
     assert given - lowered == r.first.activation_peak_bytes - r.headroom_bytes
+
+
+def test_sampler_warm_up_bytes_follow_the_release_code():
+    from oomguard.engines.vllm import profile
+    # torch.sort over the logits up to 0.16 (38 bytes a logit), Triton top-k/top-p from 0.17 (14 + a row per SM)
+    assert profile.sampler_bytes_per_logit((0, 12, 0), 1024) == 38
+    assert profile.sampler_bytes_per_logit((0, 12, 0), 64) == 50
+    assert profile.sampler_bytes_per_logit((0, 19, 0), 1024) == 14
+    # FlashInfer's sampler when installed: used by default up to 0.11, opt-in from 0.12
+    assert profile.sampler_bytes_per_logit((0, 11, 0), 1024, flashinfer=True) == 14
+    assert profile.sampler_bytes_per_logit((0, 12, 0), 1024, flashinfer=True) == 38
+    assert profile.sampler_peak_bytes(1000, 1024, (0, 19, 0), multiprocessors=132) == 1024 * 1000 * 14 + 4 * 132 * 1000
+
+
+def test_tensor_parallel_over_pcie_has_no_nvlink_buffers():
+    model = from_catalog("meta-llama/Llama-3.1-8B-Instruct")
+    cfg = EngineConfig(tensor_parallel_size=2, max_model_len=4096)
+    nvlink = predict(model, resolve_gpu("h100"), cfg, (0, 19, 0), gpu_count=2).first.non_torch_bytes
+    pcie = predict(model, resolve_gpu("h100-pcie"), cfg, (0, 19, 0), gpu_count=2).first.non_torch_bytes
+    single = predict(model, resolve_gpu("h100"), EngineConfig(max_model_len=4096), (0, 19, 0)).first.non_torch_bytes
+    assert single < pcie < single + 0.1 * GiB < nvlink
+
+
+def test_at_risk_when_the_uncertainty_straddles_the_kv_check():
+    model = from_catalog("meta-llama/Llama-3.1-8B-Instruct")
+    gpu = resolve_gpu("l4")
+    base = predict(model, gpu, EngineConfig(max_model_len=4096), (0, 19, 0))
+    per_token = base.kv_layout.needed_bytes(16000, 2048, (0, 19, 0)) / 16000
+    # a context whose KV need sits just below the predicted available memory
+    edge = int(base.kv_cache_bytes / per_token) - 200
+    report = predict(model, gpu, EngineConfig(max_model_len=edge), (0, 19, 0))
+    assert report.verdict == "at_risk" and report.starts
+    assert report.kv_cache_low_bytes < report.needed_kv_bytes <= report.kv_cache_bytes < report.kv_cache_high_bytes
+    d = report.to_dict()
+    assert d["verdict"] == "at_risk" and d["kv_cache_gib_low"] < d["kv_cache_gib"] < d["kv_cache_gib_high"]
+    assert any("--max-model-len" in w for w in report.warnings)
+    far = predict(model, gpu, EngineConfig(max_model_len=4096), (0, 19, 0))
+    assert far.verdict == "starts"
+    assert predict(model, gpu, EngineConfig(max_model_len=edge * 3), (0, 19, 0)).verdict == "fails"

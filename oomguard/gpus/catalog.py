@@ -59,6 +59,7 @@ def _spec(entry: dict) -> GpuSpec:
         vendor=entry.get("vendor", "nvidia"),
         total_memory_source_url=entry.get("total_memory_source_url", ""),
         total_memory_note=entry.get("total_memory_note", ""),
+        multiprocessors=entry.get("multiprocessors", 0),
     )
 
 

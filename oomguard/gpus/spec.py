@@ -22,3 +22,4 @@ class GpuSpec:
     vendor: str = "nvidia"     # "nvidia" / "amd"
     total_memory_source_url: str = ""   # the log the total was read from; "" when derived (see total_memory_note)
     total_memory_note: str = ""
+    multiprocessors: int = 0   # SMs (CUs on AMD): vLLM's Triton sampler keeps a buffer per SM; 0 when unknown

@@ -6,7 +6,8 @@ import argparse
 
 DESCRIPTION = """Predict, before launch and without a GPU, what vLLM does with GPU memory at startup:
 weights, activation peak, non-torch memory, CUDA graphs, KV blocks and tokens, maximum concurrency,
-and whether it starts (exit 0) or fails (exit 1, with vLLM's own error text).
+and whether it starts (exit 0), fails (exit 1, with vLLM's own error text) or is at risk (exit 3: the estimates' uncertainty
+straddles a limit).
 
 examples:
   oomguard plan meta-llama/Llama-3.1-8B-Instruct --gpu rtx4090 --max-model-len 32768
@@ -127,4 +128,4 @@ def run(args: argparse.Namespace) -> int:
                      flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
                      free_memory_gib=args.free_memory)
     render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"))
-    return 0 if report.starts else 1
+    return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

@@ -97,7 +97,12 @@ def print_breakdown(console, report: MemoryReport) -> None:
     console.print(f"KV cache: {report.num_gpu_blocks:,} blocks of {report.block_size} tokens = "
                   f"{report.kv_cache_tokens:,} tokens; maximum concurrency for {report.max_model_len:,} tokens per "
                   f"request: {report.max_concurrency:.2f}x")
-    if report.starts:
+    if report.verdict == "at_risk":
+        risk = next((n[len("at risk: "):] for n in report.assumptions if n.startswith("at risk: ")), "")
+        console.print(f"[bold yellow]At risk:[/] {'vLLM starts at the predicted figures' if report.starts else report.error}"
+                      f"; the estimates' uncertainty reaches {risk}. Available KV memory "
+                      f"{report.kv_cache_low_bytes / GiB:.2f}-{report.kv_cache_high_bytes / GiB:.2f} GiB.")
+    elif report.starts:
         console.print(f"[bold green]vLLM starts.[/] {report.headroom_bytes / GiB:.2f} GiB stays free on the tightest GPU.")
     else:
         console.print(f"[bold red]vLLM fails to start ({report.error_class}):[/] {report.error}")

@@ -91,7 +91,10 @@ class MemoryReport:
     kv_cache_tokens: int
     max_concurrency: float
     max_model_len: int
-    starts: bool
+    starts: bool                 # vLLM's checks pass at the predicted figures
+    verdict: str                 # "starts", "fails", or "at_risk" when the uncertainty straddles a limit
+    kv_cache_low_bytes: int      # the range the available KV memory falls in, given the estimates' uncertainty
+    kv_cache_high_bytes: int
     error: str | None
     error_class: str | None
     estimated_max_model_len: int | None
@@ -133,7 +136,8 @@ class MemoryReport:
             "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
             "max_concurrency": round(self.max_concurrency, 2), "max_model_len": self.max_model_len,
-            "starts": self.starts, "estimated_max_model_len": self.estimated_max_model_len,
+            "starts": self.starts, "verdict": self.verdict, "kv_cache_gib_low": _gib(self.kv_cache_low_bytes),
+            "kv_cache_gib_high": _gib(self.kv_cache_high_bytes), "estimated_max_model_len": self.estimated_max_model_len,
             "error": self.error, "error_class": self.error_class, "headroom_gib": _gib(self.headroom_bytes),
             "config": self.config, "assumptions": list(self.assumptions), "warnings": list(self.warnings),
             "provenance": self.provenance,
@@ -312,8 +316,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             moved = min(offload_left, int(weights * 0.95))
             weights -= moved
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
-                                                   stage == pp - 1, act_bytes, coefficients)
-        non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients)
+                                                   stage == pp - 1, act_bytes, version, gpu.multiprocessors,
+                                                   coefficients)
+        non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
+                                            gpu.compute_capability)
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp)
         if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
             available = cfg.kv_cache_memory_bytes
@@ -364,7 +370,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # with num_reqs dummy requests (gpu_worker.compile_or_warm_up_model) in whatever memory is left.
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
                    - w.cuda_graph_bytes for w in workers)
-    sampler_need = int(profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, coefficients))
+    sampler_need = profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version, gpu.multiprocessors)
     if error is None and engine == "v1" and headroom < sampler_need:
         error, error_class = messages.sampler_warmup_oom(num_reqs), "oom_profiling_or_graph"
     headroom -= sampler_need if engine == "v1" else 0
@@ -374,6 +380,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # weights - non-torch - "Free memory after profiling"), varying between identical runs, never above 98% of the
     # activation peak; gpt-oss-20b at 0.95 OOMed warming up the sampler with 2.02 GiB of them (record 059).
     cached = max(w.activation_peak_bytes for w in workers)
+    # A warning, not a verdict: no figure known before launch separates the one such failure from the runs that
+    # started with less to spare (benchmarks/plan_accuracy.py, README "Accuracy on real vLLM startups").
     if error is None and engine == "v1" and headroom < cached:
         deficit = cached - headroom
         fix = (f"--kv-cache-memory-bytes {cfg.kv_cache_memory_bytes - deficit}" if cfg.kv_cache_memory_bytes else
@@ -385,6 +393,34 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         warnings.append(f"only {_gib(headroom)} GiB stays free once vLLM is up: a burst or fragmentation can OOM; "
                         "lower --gpu-memory-utilization")
 
+    # The range of the available KV memory: the fitted figures' residuals, and in releases that use FlashInfer's
+    # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
+    margin = (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
+              + (profile.ESTIMATE_P90_GIB["cuda_graph"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
+    if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
+        margin = 0
+    tight_worker = workers[tight]
+    kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
+    if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1:
+        vocab = padded_vocab(model.vocab_size)
+        with_flashinfer = profile.sampler_peak_bytes(vocab, num_reqs, version, gpu.multiprocessors, flashinfer=True)
+        kv_high += max(tight_worker.activation_peak_bytes - max(with_flashinfer, int(profile.forward_peak_bytes(
+            model_q, tokens, tp, act_bytes, coefficients))), 0)
+    risks: list[str] = []
+    reserve = avail_min - fit_available
+    kv_check = f"the KV cache check: {_gib(needed)} GiB needed, {_gib(kv_low)}-{_gib(kv_high)} GiB available"
+    if engine == "v1" and error_class == "kv_cache_too_small" and needed <= kv_high - reserve:
+        risks.append(kv_check)
+    elif engine == "v1" and error is None and needed > kv_low - reserve:
+        risks.append(kv_check)
+        shorter = estimate_max_model_len(layout, kv_low - reserve, max_len, in_flight, version)
+        if shorter:
+            warnings.append(f"the KV cache holds one {max_len}-token request only if the estimated figures are not "
+                            f"low: --max-model-len {shorter} starts at the low end of the range")
+    verdict = "at_risk" if risks else ("starts" if error is None else "fails")
+    if risks:
+        notes.append("at risk: " + "; ".join(risks))
+
     concurrency = max_concurrency(layout, blocks, max_len, in_flight, version)
     report_tokens = kv_cache_tokens(layout, blocks, concurrency, max_len, version)
     if not in_budget and engine == "v1" and not cfg.enforce_eager:
@@ -393,7 +429,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     estimate = "estimate (fitted to real vLLM startup logs)"
     provenance = {
         "weights_gib": "exact arithmetic from config.json" + (" (vision tower estimated)" if model.vision else ""),
-        "activation_peak_gib": estimate, "non_torch_gib": estimate, "cuda_graph_gib": estimate,
+        "activation_peak_gib": "estimate (the sampler warm-up from this release's code, the forward pass fitted to "
+                               "real vLLM startup logs)", "non_torch_gib": estimate, "cuda_graph_gib": estimate,
+        "kv_cache_range_gib": "the fitted figures' 90th-percentile residuals (and FlashInfer's sampler, where the "
+                              "release uses it when installed)",
         "kv_cache_gib": "given (--kv-cache-memory-bytes)" if cfg.kv_cache_memory_bytes else
         "requested memory minus the figures above", "kv_cache_tokens": "exact arithmetic from the KV budget",
         "num_gpu_blocks": "exact arithmetic from the KV budget", "max_concurrency": "exact arithmetic from the blocks",
@@ -412,7 +451,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         config=resolved, total_memory_bytes=total, requested_memory_bytes=requested, start_used_bytes=start_used,
         workers=tuple(workers), cuda_graphs_in_budget=in_budget, num_gpu_blocks=blocks, block_size=block_size,
         kv_cache_tokens=report_tokens, max_concurrency=concurrency, max_model_len=max_len,
-        starts=error is None, error=error, error_class=error_class, estimated_max_model_len=estimated,
+        starts=error is None, verdict=verdict, kv_cache_low_bytes=kv_low, kv_cache_high_bytes=kv_high, error=error, error_class=error_class, estimated_max_model_len=estimated,
         needed_kv_bytes=needed, headroom_bytes=int(headroom), assumptions=tuple(notes), provenance=provenance,
         warnings=tuple(warnings), kv_layout=layout, in_flight_tokens=in_flight,
     )

@@ -3,8 +3,8 @@
 vLLM runs a dummy forward pass (GPUModelRunner.profile_run) and reads the allocator's peak, so there is no
 closed form in its source. These are fitted models of those measurements, with the physics in their shape:
 - the forward pass of max_num_batched_tokens tokens allocates per-token activations (hidden and MLP widths);
-- the sampler dummy run (_dummy_sampler_run) holds fp32 logits [num_reqs, vocab] and a few same-sized
-  temporaries (softmax, sort, top-k/top-p masks) on the last pipeline stage;
+- the sampler dummy run (_dummy_sampler_run) holds logits [num_reqs, vocab] and same-sized temporaries on the
+  last pipeline stage; how many bytes per logit is read from the sampler code of each release (below), not fitted;
 - pipeline stages keep IntermediateTensors (hidden states and residual) for max_num_batched_tokens;
 - non-torch memory grows with NCCL / custom all-reduce buffers once there are several TP ranks;
 - the CUDA-graph pool grows with the layers on the rank (partly sharded by TP) and the routed MoE width.
@@ -22,18 +22,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oomguard.engines.vllm.releases import release
+from oomguard.engines.vllm.versions import Version
 from oomguard.models.spec import ModelSpec
 from oomguard.units import GiB
 
 
+# Bytes per (dummy request x vocabulary entry) the sampler warm-up holds at its peak, from the code each release runs
+# (vllm/v1/sample/sampler.py, ops/topk_topp_sampler.py; the dummy requests have temperature 0.5, top_p 0.9 and
+# top_k vocab - 1, no logprobs, no penalties): model-dtype logits 2 + their fp32 copy 4, then
+SAMPLER_SORT_BYTES = 38        # torch.sort: fp32 values 4 + int64 indices 8 + its int64 scratch 8 + CUB's 4 + 8
+SAMPLER_SORT_SMALL_BYTES = 50  # below 128 rows PyTorch sorts segment by segment with more scratch (SortStable.cu)
+SAMPLER_KERNEL_BYTES = 14      # FlashInfer or Triton top-k/top-p: two more fp32 tensors (probabilities, noise/mask)
+TRITON_BYTES_PER_SM_LOGIT = 4  # topk_topp_triton.py keeps one fp32 row of the vocabulary per SM
+PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
+                               # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
+FUSION_WORKSPACE_GIB = 0.5     # FlashInfer all-reduce fusion workspace (TP > 1, Hopper and newer, from 0.17)
+
+
+def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = False) -> int:
+    """The sampler warm-up's bytes per logit for this release: sort-based top-k/top-p or a fused kernel."""
+    rel = release(version)
+    if not rel.sampler_sorts or (flashinfer and rel.flashinfer_sampler_if_installed):
+        return SAMPLER_KERNEL_BYTES
+    return SAMPLER_SORT_SMALL_BYTES if num_reqs < 128 else SAMPLER_SORT_BYTES
+
+
 @dataclass(frozen=True)
 class ProfileCoefficients:
-    sampler_bytes_per_logit: float = 15.0     # fp32 logits plus temporaries, per (request x vocab entry)
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.85     # per token per MLP-intermediate unit on this rank (gate/up/act)
     moe_bytes_per_routed: float = 13.4        # per token per top_k x expert-intermediate unit (fused_moe caches)
     non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1)
-    non_torch_tp_gib: float = 2.11            # plus NCCL and custom all-reduce buffers when TP > 1 (V1)
+    non_torch_tp_gib: float = 2.11            # TP > 1 over NVLink (V1, 0.19 H100s): NCCL, all-reduce workspaces
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
     non_torch_v0_gib: float = 0.27            # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 1.79           # 0.6.x counted the CUDA context and cuBLAS handles too
@@ -46,6 +66,10 @@ class ProfileCoefficients:
 
 
 COEFFICIENTS = ProfileCoefficients()
+
+# How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
+# records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
+ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph": 0.18}
 
 
 def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
@@ -61,35 +85,49 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
     return tokens * per_token * act_bytes
 
 
-def sampler_peak_bytes(vocab: int, num_reqs: int, c: ProfileCoefficients = COEFFICIENTS) -> float:
-    """Peak of the sampler dummy run: fp32 logits [num_reqs, vocab] and temporaries (_dummy_sampler_run)."""
-    return num_reqs * vocab * c.sampler_bytes_per_logit
+def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocessors: int = 0,
+                       flashinfer: bool = False) -> int:
+    """Peak of the sampler dummy run (gpu_model_runner._dummy_sampler_run) over num_reqs x vocab logits."""
+    triton = not release(version).sampler_sorts and not flashinfer and num_reqs >= 8  # apply_top_k_top_p
+    buffer = TRITON_BYTES_PER_SM_LOGIT * multiprocessors * vocab if triton else 0
+    return num_reqs * vocab * sampler_bytes_per_logit(version, num_reqs, flashinfer) + buffer
 
 
 def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
-                          last_stage: bool, act_bytes: int,
+                          last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
                           c: ProfileCoefficients = COEFFICIENTS) -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c)
     hidden_alive = tokens * model.hidden_size * act_bytes  # hidden_states stay alive while the sampler runs
-    sampler = sampler_peak_bytes(vocab, num_reqs, c) + hidden_alive if last_stage else 0.0
+    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors) + hidden_alive if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
 
 
 def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
-                          last_stage: bool, act_bytes: int, c: ProfileCoefficients = COEFFICIENTS) -> int:
+                          last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
+                          c: ProfileCoefficients = COEFFICIENTS) -> int:
     """torch peak increase during profile_run on one worker: the larger of the two candidates."""
-    return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, c)))
+    return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, version,
+                                         multiprocessors, c)))
 
 
-def non_torch_bytes(engine: str, version: tuple[int, int, int], tp: int, pp: int,
-                    c: ProfileCoefficients = COEFFICIENTS) -> int:
-    """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py)."""
+def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
+                    interconnect: str = "nvlink", compute_capability: tuple[int, int] = (9, 0)) -> int:
+    """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py).
+
+    With TP over NVLink the profile run creates PyTorch's NCCL communicator for the TP group (NVLS buffers on
+    NVSwitch systems) and, from 0.17 on Hopper and newer, FlashInfer's all-reduce fusion workspace; over PCIe
+    vLLM turns custom all-reduce off and NCCL keeps its buffers mostly in host memory."""
+    rel = release(version)
     if engine == "v0":
-        gib = c.non_torch_v06_gib if release(version).v0_counts_cuda_context else c.non_torch_v0_gib
+        gib = c.non_torch_v06_gib if rel.v0_counts_cuda_context else c.non_torch_v0_gib
+    elif tp > 1 and interconnect == "pcie":
+        gib = c.non_torch_single_gib + PCIE_NCCL_GIB
     elif tp > 1:
         gib = c.non_torch_tp_gib
+        if not (rel.flashinfer_allreduce_fusion and compute_capability >= (9, 0)):
+            gib -= FUSION_WORKSPACE_GIB   # the fit is on vLLM 0.19 H100s, which have the workspace
     elif pp > 1:
         gib = c.non_torch_pp_only_gib
     else:

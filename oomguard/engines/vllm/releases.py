@@ -67,6 +67,9 @@ class VllmRelease:
     cuda_graphs_in_budget: bool          # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1
     nccl_before_snapshot: bool           # Worker.init_device sets up NCCL before the initial MemorySnapshot
     v0_counts_cuda_context: bool         # 0.6.x V0 worker counted the CUDA context as non-torch memory
+    sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
+    flashinfer_sampler_if_installed: bool  # ... unless FlashInfer is installed (then its kernels, no sort)
+    flashinfer_allreduce_fusion: bool    # TP > 1 on Hopper/Blackwell NVLink allocates the fusion workspace
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
@@ -129,6 +132,12 @@ def release(version: Version) -> VllmRelease:
         cuda_graphs_in_budget=_since(v, False, ((0, 20, 0), True)),         # envs.py ESTIMATE_CUDAGRAPHS
         nccl_before_snapshot=_since(v, False, ((0, 11, 0), True)),          # gpu_worker.init_device
         v0_counts_cuda_context=_since(v, True, ((0, 7, 0), False)),         # worker/worker.py memory profiling
+        # v1/sample/ops/topk_topp_sampler.py: PyTorch's sort until 0.17 brought topk_topp_triton.py (batches >= 8);
+        # FlashInfer's sampler was used when importable up to 0.11, opt-in (VLLM_USE_FLASHINFER_SAMPLER) from 0.12
+        sampler_sorts=_since(v, True, ((0, 17, 0), False)),
+        flashinfer_sampler_if_installed=_since(v, True, ((0, 12, 0), False)),
+        # compilation/pass_config.py enable_fi_allreduce_fusion, created in the profiling window
+        flashinfer_allreduce_fusion=_since(v, False, ((0, 17, 0), True)),
         hybrid_kv_manager=_since(v, False, ((0, 9, 0), True)),              # v1/core/kv_cache_coordinator.py
         chunked_local_disables_hybrid=_since(v, False, ((0, 11, 0), True)),  # config/vllm.py
         concurrency_per_request_blocks=_since(v, False, ((0, 9, 0), True)),  # get_max_concurrency_for_kv_cache_config
