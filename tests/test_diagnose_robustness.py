@@ -227,3 +227,9 @@ def test_mutated_and_interleaved_real_logs(a, b, rnd, edits, newline, colour):
     cut = rnd.randint(0, len(raw))
     check(diagnose_sources([("real", io.BytesIO(bytes(raw[:cut])))], use_planner=False))
     check(diagnose_text(bytes(raw).decode("utf-8", "replace"), use_planner=True))
+
+
+def test_a_garbled_serve_line_in_a_log_is_not_read_as_a_command():
+    # a mangled paste ("--t" abbreviates two vLLM flags) is prose to diagnose, not an error
+    from oomguard.diagnose.facts import parse_serve_command
+    assert parse_serve_command("vllm serve org/model --t 2", need_path=True) is None

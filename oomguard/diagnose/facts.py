@@ -158,6 +158,7 @@ def parse_serve_command(text: str, need_path: bool = False) -> dict | None:
     import shlex
 
     from oomguard.engines.vllm.flags import parse_vllm_command
+    from oomguard.errors import UsageError
     try:
         words = shlex.split(text.strip()[:2000])
     except ValueError:  # unbalanced quotes
@@ -167,7 +168,7 @@ def parse_serve_command(text: str, need_path: bool = False) -> dict | None:
              for w in words]
     try:
         parsed = parse_vllm_command(words)
-    except (ValueError, SystemExit):  # a flag without its value
+    except (ValueError, SystemExit, UsageError):  # a flag without its value, an ambiguous abbreviation
         return None
     ignored = set(parsed.ignored)
 
