@@ -50,6 +50,8 @@ GROUPS = {
     "start_used": ("gpu_total_memory_gib - gpu_free_at_start_gib", ("context_gib", "nccl_init_gib")),
     "cuda_graph": ("cuda_graph_gib", ("graph_base_gib", "graph_per_layer_gib", "graph_per_layer_tp_gib",
                                       "graph_moe_gib_per_m")),
+    "cuda_graph_estimate": ("cuda_graph_estimated_gib", ("graph_est_base_gib", "graph_est_per_layer_gib",
+                                                         "graph_est_per_layer_tp_gib", "graph_est_moe_gib_per_m")),
 }
 MAX_BRANCH_GROUPS = 16  # exhaustive branch search up to 2^16 assignments
 PROFILE_PY = ROOT / "oomguard" / "engines" / "vllm" / "profile.py"
@@ -138,10 +140,16 @@ def observations(records: list[dict]) -> list[Observation]:
                 lambda co: profile.activation_candidates(model, tokens, reqs, padded_vocab(model.vocab_size), tp, pp,
                                                          stage == pp - 1, act_bytes, version, gpu.multiprocessors,
                                                          co), names)))
-        if r.get("cuda_graph_gib") is not None and not c["enforce_eager"]:
+        shape = profile.GraphShape.of(version, c["max_num_seqs"], tokens, gpu.compute_capability)
+        # "Graph capturing finished" is a net free-memory delta only from 0.18 (synchronize and empty_cache first)
+        if r.get("cuda_graph_gib") is not None and not c["enforce_eager"] and release(version).graph_pool_measured:
             names = GROUPS["cuda_graph"][1]
             obs.append(Observation(r["id"], "cuda_graph", r["cuda_graph_gib"], (linearize(
-                lambda co: profile.cuda_graph_bytes(model, layers, False, co, tp), names),)))
+                lambda co: profile.cuda_graph_bytes(model, layers, False, co, tp, shape), names),)))
+        if r.get("cuda_graph_estimated_gib") is not None and not c["enforce_eager"]:
+            names = GROUPS["cuda_graph_estimate"][1]
+            obs.append(Observation(r["id"], "cuda_graph_estimate", r["cuda_graph_estimated_gib"], (linearize(
+                lambda co: profile.cuda_graph_estimate_bytes(model, layers, False, co, tp, shape), names),)))
     return obs
 
 

@@ -42,13 +42,13 @@ INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_ve
 # version bands whose startup code differs most (../shared/research/vllm-memory-model.md section 1.3)
 BANDS = (((0, 0, 0), "0.6-0.7 (V0)"), ((0, 8, 0), "0.8-0.9"), ((0, 10, 0), "0.10-0.13"), ((0, 14, 0), "0.14-0.19"),
          ((0, 20, 0), "0.20+"))
-FIGURES = ("weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "kv_cache_memory_gib",
-           "kv_cache_tokens", "max_concurrency")
+FIGURES = ("weights_gib", "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib",
+           "kv_cache_memory_gib", "kv_cache_tokens", "max_concurrency")
 _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-tensors", "mxfp4", "bitsandbytes"}
 # the gpu_worker.py line that prints the activation, non-torch and CUDA-graph figures, and the worker printing it
 _USAGE_LINE = re.compile(r"^\((?P<who>[^)]*)\).*for peak activation", re.MULTILINE)
 _PP_RANK = re.compile(r"PP(\d+)")
-STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib")  # read from logged_stage's worker
+STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib")  # read from logged_stage's worker
 
 
 @dataclass
@@ -173,6 +173,7 @@ def run_records(records: list[dict], coefficients: profile.ProfileCoefficients =
                               "activation_peak_gib": logged.activation_peak_bytes / GiB,
                               "non_torch_gib": logged.non_torch_bytes / GiB,
                               "cuda_graph_gib": logged.cuda_graph_bytes / GiB,
+                              "cuda_graph_estimated_gib": logged.cuda_graph_estimate_bytes / GiB,
                               "kv_cache_memory_gib": report.first.kv_cache_bytes / GiB,
                               "kv_cache_tokens": d["kv_cache_tokens"], "max_concurrency": d["max_concurrency"],
                               "starts": report.starts, "verdict": report.verdict,

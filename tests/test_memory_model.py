@@ -60,7 +60,8 @@ def test_requested_memory_rounding_and_default_utilization_change_with_version()
 def test_cuda_graphs_enter_the_budget_only_from_0_20():
     a, b = run(version=V19, gpu_memory_utilization=0.9), run(version=(0, 20, 0), gpu_memory_utilization=0.9)
     assert not a.cuda_graphs_in_budget and b.cuda_graphs_in_budget
-    assert a.first.kv_cache_bytes - b.first.kv_cache_bytes == pytest.approx(b.first.cuda_graph_bytes, abs=GiB // 100)
+    assert a.first.kv_cache_bytes - b.first.kv_cache_bytes == pytest.approx(b.first.cuda_graph_estimate_bytes,
+                                                                        abs=GiB // 100)
     eager = run(version=(0, 20, 0), gpu_memory_utilization=0.9, enforce_eager=True)
     assert eager.first.cuda_graph_bytes == 0
 
@@ -246,3 +247,22 @@ def test_at_risk_when_the_uncertainty_straddles_the_kv_check():
     far = predict(model, gpu, EngineConfig(max_model_len=4096), (0, 19, 0))
     assert far.verdict == "starts"
     assert predict(model, gpu, EngineConfig(max_model_len=edge * 3), (0, 19, 0)).verdict == "fails"
+
+
+@pytest.mark.parametrize("version, counts", [
+    ((0, 9, 2), {4: 67, 64: 67, 256: 67, 1024: 67}),          # fixed [1, 2, 4] + range(8, 513, 8), piecewise only
+    ((0, 10, 1), {4: 4, 8: 5, 16: 7, 32: 11, 64: 19, 256: 67}),  # up to 2 x max_num_seqs, step 8, piecewise
+    ((0, 11, 0), {4: 7, 64: 30, 256: 102}),                   # FULL_AND_PIECEWISE from 0.11.0, step 8
+    ((0, 19, 0), {4: 7, 8: 9, 16: 12, 32: 18, 64: 30, 128: 54, 256: 86, 1024: 102}),  # step 16 above 256
+])
+def test_cuda_graph_captures_follow_the_release_rule(version, counts):
+    from oomguard.engines.vllm import profile
+    for seqs, expected in counts.items():
+        assert profile.cuda_graph_captures(version, seqs, 8192) == expected, seqs
+
+
+def test_small_max_num_seqs_captures_fewer_graphs():
+    small = run(version=(0, 20, 0), max_num_seqs=8)
+    default = run(version=(0, 20, 0))
+    assert small.first.cuda_graph_estimate_bytes < default.first.cuda_graph_estimate_bytes
+    assert small.first.kv_cache_bytes > default.first.kv_cache_bytes

@@ -67,7 +67,8 @@ class WorkerMemory:
     weights_bytes: int
     activation_peak_bytes: int
     non_torch_bytes: int
-    cuda_graph_bytes: int
+    cuda_graph_bytes: int                 # what capture takes
+    cuda_graph_estimate_bytes: int        # vLLM's estimate before capture (subtracted from the budget from 0.20)
     kv_cache_bytes: int          # available for the KV cache on this worker
     num_blocks: int              # blocks this worker alone could hold
     bytes_per_block: int
@@ -132,6 +133,7 @@ class MemoryReport:
             "total_memory_gib": _gib(self.total_memory_bytes), "requested_memory_gib": _gib(self.requested_memory_bytes),
             "weights_gib": _gib(w.weights_bytes), "activation_peak_gib": _gib(w.activation_peak_bytes),
             "non_torch_gib": _gib(w.non_torch_bytes), "cuda_graph_gib": _gib(w.cuda_graph_bytes),
+            "cuda_graph_estimate_gib": _gib(w.cuda_graph_estimate_bytes),
             "cuda_graphs_in_budget": self.cuda_graphs_in_budget,
             "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
@@ -306,6 +308,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if free_memory_bytes is not None:
         start_used = total - free_memory_bytes
     offload_left = int(cfg.cpu_offload_gb * GiB)
+    graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability)
 
     workers: list[WorkerMemory] = []
     layouts: list[KvLayout] = []
@@ -320,15 +323,17 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                    coefficients)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability)
-        graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp)
+        graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
+        graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
+                                                            tp, graph_shape)
         if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
             available = cfg.kv_cache_memory_bytes
         else:
-            available = requested - weights - activation - non_torch - (graphs if in_budget else 0)
+            available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
         layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes), hybrid_manager)
         layouts.append(layout)
-        workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, int(available),
-                                    num_blocks(layout, int(available)), layout.bytes_per_block))
+        workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
+                                    int(available), num_blocks(layout, int(available)), layout.bytes_per_block))
 
     blocks = min(w.num_blocks for w in workers)
     tight = min(range(pp), key=lambda s: workers[s].kv_cache_bytes)
@@ -396,7 +401,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # The range of the available KV memory: the fitted figures' residuals, and in releases that use FlashInfer's
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
     margin = (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
-              + (profile.ESTIMATE_P90_GIB["cuda_graph"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
+              + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
     if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
         margin = 0
     tight_worker = workers[tight]

@@ -63,13 +63,17 @@ class ProfileCoefficients:
     graph_per_layer_gib: float = 0.0164       # per decoder layer on the rank, at the default capture sizes
     graph_per_layer_tp_gib: float = 0.00108   # per decoder layer, the part sharded over TP ranks (/ tp)
     graph_moe_gib_per_m: float = 3.94         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.284           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_per_layer_gib: float = 0.018
+    graph_est_per_layer_tp_gib: float = 0.0
+    graph_est_moe_gib_per_m: float = 2.24
 
 
 COEFFICIENTS = ProfileCoefficients()
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph": 0.18}
+ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
 
 
 def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
@@ -144,14 +148,83 @@ def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int
     return int(gib * GiB)
 
 
-def cuda_graph_bytes(model: ModelSpec, layers_on_rank: int, enforce_eager: bool,
-                     c: ProfileCoefficients = COEFFICIENTS, tp: int = 1) -> int:
-    """CUDA-graph pool after capture (GPUModelRunner.capture_model); 0 with --enforce-eager."""
-    if enforce_eager:
-        return 0
-    gib = c.graph_base_gib + (c.graph_per_layer_gib + c.graph_per_layer_tp_gib / tp) * layers_on_rank
+def cuda_graph_sizes(version: Version, max_num_seqs: int, max_num_batched_tokens: int,
+                     compute_capability: tuple[int, int] = (9, 0)) -> tuple[int, ...]:
+    """Token counts vLLM captures CUDA graphs for by default (config/vllm.py VllmConfig._set_cudagraph_sizes)."""
+    rel = release(version)
+    cap = 1024 if rel.graph_cap_1024_on_blackwell and compute_capability[0] == 10 else 512
+    largest = min(2 * max_num_seqs, cap) if rel.graph_sizes_follow_max_num_seqs else cap
+    largest = min(largest, max_num_batched_tokens)
+    if rel.graph_sizes_step_16_above_256:
+        sizes = [s for s in (1, 2, 4) if s <= largest] + list(range(8, min(largest + 1, 256), 8)) + \
+            list(range(256, largest + 1, 16))
+    else:
+        sizes = [1, 2, 4] + list(range(8, largest + 1, 8))
+    if rel.graph_sizes_add_batched_tokens and max_num_batched_tokens <= largest:
+        sizes.append(max_num_batched_tokens)
+    if rel.graph_sizes_add_max_num_seqs and max_num_seqs <= largest:
+        sizes.append(max_num_seqs)
+    return tuple(sorted({s for s in sizes if s <= max_num_batched_tokens}))
+
+
+def cuda_graph_captures(version: Version, max_num_seqs: int, max_num_batched_tokens: int,
+                        compute_capability: tuple[int, int] = (9, 0)) -> int:
+    """Capture passes: one piecewise graph per size, plus a full decode graph per size <= max_num_seqs from 0.11
+    (gpu_model_runner.capture_model / cudagraph_dispatcher)."""
+    sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability)
+    full = [s for s in sizes if s <= max_num_seqs] if release(version).full_and_piecewise_graphs else []
+    return len(sizes) + len(full)
+
+
+# The runs the graph coefficients are fitted on (vLLM 0.19, max_num_seqs 1024, 8192 batched tokens): 102 captures,
+# the largest of 512 tokens. Other settings scale the per-capture part by their capture count and the MoE
+# workspace by their largest capture.
+REFERENCE_CAPTURES = cuda_graph_captures((0, 19, 0), 1024, 8192)
+REFERENCE_LARGEST = max(cuda_graph_sizes((0, 19, 0), 1024, 8192))
+
+
+@dataclass(frozen=True)
+class GraphShape:
+    """How many graphs a run captures and the largest one's tokens (by default, the fitted runs')."""
+
+    captures: int = REFERENCE_CAPTURES
+    largest: int = REFERENCE_LARGEST
+
+    @classmethod
+    def of(cls, version: Version, max_num_seqs: int, max_num_batched_tokens: int,
+           compute_capability: tuple[int, int] = (9, 0)) -> GraphShape:
+        sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability)
+        return cls(cuda_graph_captures(version, max_num_seqs, max_num_batched_tokens, compute_capability),
+                   max(sizes) if sizes else 0)
+
+
+def _graph_gib(model: ModelSpec, layers_on_rank: int, tp: int, shape: GraphShape, base: float, per_layer: float,
+               per_layer_tp: float, moe_per_m: float) -> float:
+    per_capture = (per_layer + per_layer_tp / tp) * layers_on_rank * shape.captures / REFERENCE_CAPTURES
+    gib = base + per_capture
     moe = model.moe
-    if moe and any(moe.moe_layers):  # routing buffers grow with the routed width of the MoE layers on the rank
+    if moe and any(moe.moe_layers):  # fused-MoE buffers of the largest capture, on the MoE layers of the rank
         moe_layers = round(sum(moe.moe_layers) * layers_on_rank / model.num_layers)
-        gib += c.graph_moe_gib_per_m * moe_layers * moe.top_k * moe.expert_intermediate_size / tp / 1e6
-    return int(gib * GiB)
+        gib += moe_per_m * moe_layers * moe.top_k * moe.expert_intermediate_size / tp / 1e6 * \
+            shape.largest / REFERENCE_LARGEST
+    return gib
+
+
+def cuda_graph_bytes(model: ModelSpec, layers_on_rank: int, enforce_eager: bool,
+                     c: ProfileCoefficients = COEFFICIENTS, tp: int = 1, shape: GraphShape = GraphShape()) -> int:
+    """What capture takes ("Graph capturing finished ... took X GiB", gpu_model_runner.capture_model); 0 eager."""
+    if enforce_eager or not shape.captures:
+        return 0
+    return int(_graph_gib(model, layers_on_rank, tp, shape, c.graph_base_gib, c.graph_per_layer_gib,
+                          c.graph_per_layer_tp_gib, c.graph_moe_gib_per_m) * GiB)
+
+
+def cuda_graph_estimate_bytes(model: ModelSpec, layers_on_rank: int, enforce_eager: bool,
+                              c: ProfileCoefficients = COEFFICIENTS, tp: int = 1,
+                              shape: GraphShape = GraphShape()) -> int:
+    """vLLM's own estimate, which 0.20+ subtracts from the KV budget (gpu_model_runner.profile_cudagraph_memory:
+    the largest capture, plus the second-largest's cost for each other one)."""
+    if enforce_eager or not shape.captures:
+        return 0
+    return int(_graph_gib(model, layers_on_rank, tp, shape, c.graph_est_base_gib, c.graph_est_per_layer_gib,
+                          c.graph_est_per_layer_tp_gib, c.graph_est_moe_gib_per_m) * GiB)

@@ -70,6 +70,14 @@ class VllmRelease:
     sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
     flashinfer_sampler_if_installed: bool  # ... unless FlashInfer is installed (then its kernels, no sort)
     flashinfer_allreduce_fusion: bool    # TP > 1 on Hopper/Blackwell NVLink allocates the fusion workspace
+    # --- CUDA graphs (config/vllm.py _set_cudagraph_sizes, config/compilation.py, gpu_model_runner.capture_model) ---
+    graph_sizes_follow_max_num_seqs: bool  # capture up to min(2 x max_num_seqs, 512) tokens (else a fixed 512)
+    graph_sizes_step_16_above_256: bool    # sizes 256..M step 16 (else step 8 all the way)
+    full_and_piecewise_graphs: bool        # cudagraph_mode FULL_AND_PIECEWISE: full decode graphs too
+    graph_sizes_add_batched_tokens: bool   # max_num_batched_tokens appended when it is a capture size candidate
+    graph_sizes_add_max_num_seqs: bool     # max_num_seqs itself appended
+    graph_cap_1024_on_blackwell: bool      # the capture cap is 1024 on data-centre Blackwell
+    graph_pool_measured: bool              # "Graph capturing finished ... took X" follows empty_cache (not a net delta)
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
@@ -138,6 +146,13 @@ def release(version: Version) -> VllmRelease:
         flashinfer_sampler_if_installed=_since(v, True, ((0, 12, 0), False)),
         # compilation/pass_config.py enable_fi_allreduce_fusion, created in the profiling window
         flashinfer_allreduce_fusion=_since(v, False, ((0, 17, 0), True)),
+        graph_sizes_follow_max_num_seqs=_since(v, False, ((0, 10, 0), True)),  # scheduler.py cuda_graph_sizes
+        graph_sizes_step_16_above_256=_since(v, False, ((0, 11, 1), True)),
+        full_and_piecewise_graphs=_since(v, False, ((0, 11, 0), True)),      # compilation.py default mode
+        graph_sizes_add_batched_tokens=_since(v, False, ((0, 21, 0), True)),
+        graph_sizes_add_max_num_seqs=_since(v, False, ((0, 31, 0), True)),
+        graph_cap_1024_on_blackwell=_since(v, False, ((0, 28, 0), True)),
+        graph_pool_measured=_since(v, False, ((0, 18, 0), True)),          # gpu_model_runner.capture_model
         hybrid_kv_manager=_since(v, False, ((0, 9, 0), True)),              # v1/core/kv_cache_coordinator.py
         chunked_local_disables_hybrid=_since(v, False, ((0, 11, 0), True)),  # config/vllm.py
         concurrency_per_request_blocks=_since(v, False, ((0, 9, 0), True)),  # get_max_concurrency_for_kv_cache_config
