@@ -117,3 +117,15 @@ def test_cli_import_path_stays_light():
     assert r.stdout.strip() == "[]", r.stdout + r.stderr
     help_text = oomguard("--help")
     assert help_text.returncode == 0 and "plan" in help_text.stdout
+
+
+def test_interconnect_overrides_the_catalog(capsys):
+    import json
+    from oomguard.cli import main
+    base = ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "-tp", "2", "--vllm-version", "0.19.0",
+            "--json"]
+    main(base)
+    nvlink = json.loads(capsys.readouterr().out)
+    main(base + ["--interconnect", "pcie"])
+    pcie = json.loads(capsys.readouterr().out)
+    assert pcie["non_torch_gib"] < nvlink["non_torch_gib"] and pcie["kv_cache_gib"] > nvlink["kv_cache_gib"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict as _predict
 from oomguard.engines.vllm.versions import NEWEST, parse_version
@@ -23,7 +23,15 @@ def engine_config(flags: dict | None) -> EngineConfig:
     return EngineConfig(**flags)
 
 
-def resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None = None) -> GpuSpec:
+def resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None = None,
+                interconnect: str | None = None) -> GpuSpec:
+    """The GPU by name (or NVML's), with the link between GPUs overridden when the machine differs from the catalog
+    (an H100 PCIe pair with an NVLink bridge, SXM boards without NVSwitch)."""
+    spec = _resolve_gpu(gpu, gpu_memory_gib)
+    return replace(spec, interconnect=interconnect) if interconnect else spec
+
+
+def _resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None) -> GpuSpec:
     if isinstance(gpu, GpuSpec):
         return gpu
     from oomguard.gpus import catalog
@@ -50,13 +58,13 @@ def resolve_model(model: str | ModelSpec | None, model_config: str | None = None
 def predict(model: str | ModelSpec | None, gpu: str | GpuSpec | None = None, *, gpu_count: int = 1,
             vllm_version: str | None = None, flags: dict | None = None, model_config: str | None = None,
             gpu_memory_gib: float | None = None, free_memory_gib: float | None = None,
-            engine: str | None = None) -> MemoryReport:
+            engine: str | None = None, interconnect: str | None = None) -> MemoryReport:
     """Predict vLLM's startup memory for a model on `gpu_count` GPUs of one kind."""
     if gpu_count < 1:
         raise UsageError("--gpu-count must be at least 1")
     version = parse_version(vllm_version) if vllm_version else NEWEST
     spec = resolve_model(model, model_config)
-    gpu_spec = resolve_gpu(gpu, gpu_memory_gib)
+    gpu_spec = resolve_gpu(gpu, gpu_memory_gib, interconnect)
     free = None
     if free_memory_gib is not None:
         if not 0 < free_memory_gib * GiB <= gpu_spec.total_memory_bytes:

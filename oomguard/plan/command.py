@@ -26,12 +26,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-count", type=int, default=None, metavar="N", help="GPUs available (default: TP x PP)")
     parser.add_argument("--free-memory", type=float, metavar="GIB",
                         help="memory actually free on each GPU (shared GPUs); default: all but the CUDA context")
+    parser.add_argument("--interconnect", choices=("nvlink", "pcie"),
+                        help="how the GPUs talk under tensor parallelism (default: the GPU catalog's; consumer cards "
+                             "and PCIe boards: pcie). vLLM's custom all-reduce and NVLink buffers exist only on nvlink")
     parser.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to model (default: newest modelled)")
     parser.add_argument("--model-config", metavar="PATH", help="a config.json or a model directory")
     parser.add_argument("--llm-class", action="store_true",
                         help="model the LLM(...) Python class instead of `vllm serve` (different batch defaults)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    group = parser.add_argument_group("recommend a configuration for a workload (the seeds' checklist as a search)")
+    group = parser.add_argument_group("recommend a configuration for a workload (searched, every candidate planned)")
     group.add_argument("--p99-tokens", type=_count, metavar="N",
                        help="prompt + output tokens of your 99th-percentile request")
     group.add_argument("--peak-concurrency", type=_count, metavar="C", help="requests in flight at your busiest")
@@ -126,6 +129,6 @@ def run(args: argparse.Namespace) -> int:
         "data_parallel_size", 1)
     report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
                      flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
-                     free_memory_gib=args.free_memory)
+                     free_memory_gib=args.free_memory, interconnect=args.interconnect)
     render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"))
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

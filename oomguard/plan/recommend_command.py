@@ -28,12 +28,12 @@ def workload_from_args(args: argparse.Namespace):
 
 
 def _machine(args: argparse.Namespace):
-    """GPU, count and free memory: as given, else what NVML sees on this machine (the seeds' step 1)."""
+    """GPU, count and free memory: as given, else what NVML sees on this machine."""
     from oomguard.plan.api import resolve_gpu
 
     free = None if args.free_memory is None else args.free_memory * GiB
     if args.gpu or args.gpu_memory:
-        gpu = resolve_gpu(args.gpu, args.gpu_memory)
+        gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
         return gpu, args.gpu_count or 1, free, ()
     from oomguard.gpus.nvml import detect_gpus
     found = [g for g in detect_gpus() if g.spec is not None]
@@ -41,7 +41,7 @@ def _machine(args: argparse.Namespace):
         raise UsageError("say which GPU: --gpu NAME (e.g. h100, a100-40gb, rtx4090, l4) or --gpu-memory GIB")
     free = free if free is not None else min(g.free_bytes for g in found)
     note = f"GPU and free memory read through NVML: {len(found)} x {found[0].name}, {free / GiB:.1f} GiB free"
-    return found[0].spec, args.gpu_count or len(found), free, (note,)
+    return resolve_gpu(found[0].spec, None, args.interconnect), args.gpu_count or len(found), free, (note,)
 
 
 def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -> int:
