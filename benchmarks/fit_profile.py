@@ -53,7 +53,8 @@ GROUPS = {
     "cuda_graph_estimate": ("cuda_graph_estimated_gib", ("graph_est_base_gib", "graph_est_per_layer_gib",
                                                          "graph_est_per_layer_tp_gib", "graph_est_moe_gib_per_m")),
 }
-MAX_BRANCH_GROUPS = 16  # exhaustive branch search up to 2^16 assignments
+MAX_BRANCH_GROUPS = 16
+LOG_NOISE_GIB = 0.05   # vLLM prints these figures to 0.01 GiB, and identical runs differ by a few hundredths  # exhaustive branch search up to 2^16 assignments
 PROFILE_PY = ROOT / "oomguard" / "engines" / "vllm" / "profile.py"
 
 
@@ -68,6 +69,10 @@ class Observation:
 
     def predict(self, beta: tuple[float, ...]) -> float:
         return max(const + sum(r * b for r, b in zip(row, beta)) for const, row in self.candidates)
+
+    def active(self, beta: tuple[float, ...]) -> tuple[float, tuple[float, ...]]:
+        """The candidate that is the larger under `beta`."""
+        return max(self.candidates, key=lambda c: c[0] + sum(r * b for r, b in zip(c[1], beta)))
 
 
 def linearize(fn, names: tuple[str, ...], base: profile.ProfileCoefficients = profile.COEFFICIENTS):
@@ -134,7 +139,9 @@ def observations(records: list[dict]) -> list[Observation]:
         layers = report.workers[stage].layers
         act_bytes = DTYPE_BYTES[c["dtype"]]
         tokens, reqs = c["max_num_batched_tokens"], min(c["max_num_seqs"], c["max_num_batched_tokens"])
-        if r.get("activation_peak_gib") is not None:
+        # a vision model's profile run also runs its encoder over dummy images, which profile.py does not model yet:
+        # fitting the text forward pass to those peaks would bend it for every text model
+        if r.get("activation_peak_gib") is not None and model.vision is None:
             names = GROUPS["activation_peak"][1]
             obs.append(Observation(r["id"], "activation_peak", r["activation_peak_gib"], linearize_many(
                 lambda co: profile.activation_candidates(model, tokens, reqs, padded_vocab(model.vocab_size), tp, pp,
@@ -260,7 +267,14 @@ def fit(records: list[dict]) -> dict:
         if not group_obs:
             continue
         beta = fit_group(group_obs)
-        informed = [any(row[i] for o in group_obs for _, row in o.candidates) for i in range(len(names))]
+        # a coefficient is informed when some record's larger candidate (the branch the fit uses) depends on it
+        informed = [any(o.active(beta)[1][i] for o in group_obs) for i in range(len(names))]
+        if all(n in profile.SOURCE_PRIORS for n in names):
+            prior = tuple(profile.SOURCE_PRIORS[n] for n in names)
+            # the records must earn each fitted coefficient (AIC): what the code says stays unless fitting buys
+            # more than 2 x the logs' rounding noise squared per coefficient it frees
+            if sse(group_obs, prior) - sse(group_obs, beta) < 2 * sum(informed) * LOG_NOISE_GIB ** 2:
+                informed = [False] * len(names)
         ship = tuple(shipped[n] for n in names)
         for n, b, used in zip(names, beta, informed):
             out["coefficients"][n] = {"fitted": b if used else None, "shipped": shipped[n]}

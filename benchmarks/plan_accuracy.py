@@ -282,8 +282,9 @@ def _fit_module():
 
 
 def leave_one_band_out(records: list[dict]) -> tuple[list[Case], dict[str, list[str]]]:
-    """Each band scored with coefficients fitted on the other bands only; coefficients the other bands cannot
-    inform keep their shipped values (fitted on all records), listed per band."""
+    """Each band scored with coefficients fitted on the other bands only. A coefficient the other bands cannot
+    inform takes what the source says (profile.SOURCE_PRIORS) where it says something, else its shipped value
+    (fitted on all records, the band included): both kinds are listed per band."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     fit_profile = _fit_module()
     held_out: list[Case] = []
@@ -295,8 +296,10 @@ def leave_one_band_out(records: list[dict]) -> tuple[list[Case], dict[str, list[
         except ValueError:
             fitted = {}
         known = {n: v["fitted"] for n, v in fitted.items() if v["fitted"] is not None}
-        uninformed[name] = sorted(set(profile.ProfileCoefficients.__dataclass_fields__) - set(known))
-        coefficients = replace(profile.COEFFICIENTS, **known)
+        missing = sorted(set(profile.ProfileCoefficients.__dataclass_fields__) - set(known))
+        uninformed[name] = [n + (" (source)" if n in profile.SOURCE_PRIORS else " (shipped)") for n in missing]
+        priors = {n: profile.SOURCE_PRIORS[n] for n in missing if n in profile.SOURCE_PRIORS}
+        coefficients = replace(profile.COEFFICIENTS, **known, **priors)
         held_out += run_records([r for r in records if band(r) == name], coefficients)
     return held_out, uninformed
 
@@ -336,7 +339,8 @@ def print_generalisation(g: dict) -> None:
             print(f"| {name} | {row['n']} | {cells(row)} |")
     left = {b: row["uninformed"] for b, row in g["bands"].items() if row["uninformed"]}
     if left:
-        print("\ncoefficients the other bands could not inform (shipped values used when scoring the band):")
+        print("\ncoefficients the other bands could not inform (scored with what the source says, or else the "
+              "shipped value):")
         for name, names in left.items():
             print(f"  {name}: {', '.join(names)}")
 

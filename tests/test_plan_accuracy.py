@@ -85,8 +85,8 @@ def test_generalisation_is_measured_and_does_not_regress(everything):
     assert summary["modelled"] >= 45
     pooled = general["pooled"]
     assert pooled["in_sample"]["kv_median_gib"] <= 0.15 and pooled["in_sample"]["kv_p90_gib"] <= 1.5
-    # leave-one-band-out: each band scored with coefficients fitted without it (issue 14 targets 0.3 / 1.0)
-    assert pooled["held_out"]["kv_median_gib"] <= 1.0 and pooled["held_out"]["kv_p90_gib"] <= 3.0
+    # leave-one-band-out: each band scored with coefficients fitted without it (the targets of issue 14)
+    assert pooled["held_out"]["kv_median_gib"] <= 0.3 and pooled["held_out"]["kv_p90_gib"] <= 1.0
     assert pooled["held_out"]["kv_median_gib"] < pooled["static"]["kv_median_gib"]
     assert len(summary["at_risk"]) <= 0.15 * summary["modelled"]
 

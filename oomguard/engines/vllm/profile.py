@@ -71,6 +71,12 @@ class ProfileCoefficients:
 
 COEFFICIENTS = ProfileCoefficients()
 
+# What the code alone says for the forward-pass coefficients, in activation-dtype elements per token and unit, for
+# settings no startup log informs: an MLP writes gate_up (2 x intermediate) and silu_and_mul's output (1 x), and
+# fused_moe's workspace holds max(2 x intermediate, hidden) + intermediate per routed token
+# (vllm/model_executor/layers/activation.py SiluAndMul, fused_moe/fused_moe.py fused_experts_impl).
+SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0, "moe_bytes_per_routed": 3.0}
+
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
 ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
@@ -102,7 +108,9 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
                           c: ProfileCoefficients = COEFFICIENTS) -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c)
-    hidden_alive = tokens * model.hidden_size * act_bytes  # hidden_states stay alive while the sampler runs
+    # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
+    # and the lm_head's input copy (gpu_model_runner._dummy_sampler_run / compute_logits)
+    hidden_alive = (tokens + 2 * num_reqs) * model.hidden_size * act_bytes
     sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors) + hidden_alive if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
