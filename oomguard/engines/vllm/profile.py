@@ -51,7 +51,6 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.85     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    moe_bytes_per_routed: float = 13.4        # per token per top_k x expert-intermediate unit (fused_moe caches)
     non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1)
     non_torch_tp_gib: float = 2.11            # TP > 1 over NVLink (V1, 0.19 H100s): NCCL, all-reduce workspaces
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
@@ -72,27 +71,36 @@ class ProfileCoefficients:
 COEFFICIENTS = ProfileCoefficients()
 
 # What the code alone says for the forward-pass coefficients, in activation-dtype elements per token and unit, for
-# settings no startup log informs: an MLP writes gate_up (2 x intermediate) and silu_and_mul's output (1 x), and
-# fused_moe's workspace holds max(2 x intermediate, hidden) + intermediate per routed token
-# (vllm/model_executor/layers/activation.py SiluAndMul, fused_moe/fused_moe.py fused_experts_impl).
-SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0, "moe_bytes_per_routed": 3.0}
+# settings no startup log informs: an MLP writes gate_up (2 x intermediate) and silu_and_mul's output (1 x)
+# (vllm/model_executor/layers/activation.py SiluAndMul).
+SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0}
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
 ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
 
 
+def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
+    """Fused-MoE scratch for `tokens` tokens: TritonExperts.workspace_shapes (fused_moe/fused_moe.py), workspace13
+    [tokens, top_k, max(I, H)] and workspace2 [tokens, top_k, max(2I, H)], I the expert width on this rank.
+    MXFP4 experts run OpenAI's Triton or Marlin kernels with their own small buffers: not counted."""
+    moe = model.moe
+    if not (moe and any(moe.moe_layers)) or (model.quant and model.quant.method == "mxfp4"):
+        return 0
+    inter, hidden = moe.expert_intermediate_size // tp, model.hidden_size
+    return tokens * moe.top_k * (max(inter, hidden) + max(2 * inter, hidden)) * act_bytes
+
+
 def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
                        c: ProfileCoefficients = COEFFICIENTS) -> float:
-    """Peak of the eager forward pass over `tokens` tokens on one TP rank."""
+    """Peak of the eager forward pass over `tokens` tokens on one TP rank: per-token activations of the dense MLP
+    (or a MoE model's shared experts) and, for MoE, the fused-MoE workspace."""
     per_token = c.forward_bytes_per_hidden * model.hidden_size
     if model.moe and any(model.moe.moe_layers):
-        moe = model.moe
-        per_token += c.moe_bytes_per_routed * moe.top_k * moe.expert_intermediate_size / tp
-        per_token += c.forward_bytes_per_inter * moe.shared_intermediate_size / tp
+        per_token += c.forward_bytes_per_inter * model.moe.shared_intermediate_size / tp
     else:
         per_token += c.forward_bytes_per_inter * model.intermediate_size / tp
-    return tokens * per_token * act_bytes
+    return tokens * per_token * act_bytes + moe_workspace_bytes(model, tokens, tp, act_bytes)
 
 
 def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocessors: int = 0,
@@ -111,7 +119,10 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
     # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
     # and the lm_head's input copy (gpu_model_runner._dummy_sampler_run / compute_logits)
     hidden_alive = (tokens + 2 * num_reqs) * model.hidden_size * act_bytes
-    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors) + hidden_alive if last_stage else 0.0
+    # from 0.13 the fused-MoE workspace comes from the WorkspaceManager (v1/worker/workspace.py) and stays allocated
+    kept = moe_workspace_bytes(model, tokens, tp, act_bytes) if release(version).moe_workspace_persists else 0
+    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors) + hidden_alive + kept \
+        if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
 

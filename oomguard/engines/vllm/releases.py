@@ -70,6 +70,7 @@ class VllmRelease:
     sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
     flashinfer_sampler_if_installed: bool  # ... unless FlashInfer is installed (then its kernels, no sort)
     flashinfer_allreduce_fusion: bool    # TP > 1 on Hopper/Blackwell NVLink allocates the fusion workspace
+    moe_workspace_persists: bool         # fused-MoE scratch is kept by the WorkspaceManager after the forward pass
     # --- CUDA graphs (config/vllm.py _set_cudagraph_sizes, config/compilation.py, gpu_model_runner.capture_model) ---
     graph_sizes_follow_max_num_seqs: bool  # capture up to min(2 x max_num_seqs, 512) tokens (else a fixed 512)
     graph_sizes_step_16_above_256: bool    # sizes 256..M step 16 (else step 8 all the way)
@@ -146,6 +147,7 @@ def release(version: Version) -> VllmRelease:
         flashinfer_sampler_if_installed=_since(v, True, ((0, 12, 0), False)),
         # compilation/pass_config.py enable_fi_allreduce_fusion, created in the profiling window
         flashinfer_allreduce_fusion=_since(v, False, ((0, 17, 0), True)),
+        moe_workspace_persists=_since(v, False, ((0, 13, 0), True)),        # fused_moe/modular_kernel.py
         graph_sizes_follow_max_num_seqs=_since(v, False, ((0, 10, 0), True)),  # scheduler.py cuda_graph_sizes
         graph_sizes_step_16_above_256=_since(v, False, ((0, 11, 1), True)),
         full_and_piecewise_graphs=_since(v, False, ((0, 11, 0), True)),      # compilation.py default mode
