@@ -130,3 +130,10 @@ def test_logged_stage_reads_the_worker_that_printed_the_usage_line():
     assert plan_accuracy.logged_stage({"raw_excerpt": "(Worker_PP0 pid=1) INFO Model loading took\n" + line}) == 2
     assert plan_accuracy.logged_stage({"raw_excerpt": line.replace("Worker_PP2", "Worker_TP1")}) == 0
     assert plan_accuracy.logged_stage({"raw_excerpt": None}) == 0
+
+
+@needs_data
+def test_the_planners_uncertainty_is_the_fits_p90(result):
+    # memory.predict widens available KV by these into kv_cache_gib_low/high: they must be what the fit shows
+    for group, p90 in profile.ESTIMATE_P90_GIB.items():
+        assert abs(result["groups"][group]["fitted"]["p90_abs_gib"] - p90) <= 0.02, group

@@ -77,7 +77,7 @@ SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.10, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
+ESTIMATE_P90_GIB = {"activation_peak": 0.06, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
 
 
 def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
