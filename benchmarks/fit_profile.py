@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from plan_accuracy import DEFAULT_DATA, logged_stage, record_inputs  # noqa: E402
+from plan_accuracy import ALL_DATA, load_records, logged_stage, record_inputs  # noqa: E402
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402
@@ -321,8 +321,9 @@ def write_profile(result: dict, path: Path = PROFILE_PY) -> list[str]:
     return changed
 
 
-def load(data: Path) -> list[dict]:
-    return [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+def load(data: Path | list[Path]) -> list[dict]:
+    """Startup records of the files, with the dated versions of benchmarks/data/startup_logs/inferred_versions.json."""
+    return load_records(data if isinstance(data, list) else [data])
 
 
 def print_report(result: dict) -> None:
@@ -350,12 +351,14 @@ def print_report(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, nargs="+", default=list(ALL_DATA),
+                        help="startup-log JSONL files (default: shared/data, its batch2/ and benchmarks/data/)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--write", action="store_true", help="write the fitted values into profile.py")
     args = parser.parse_args(argv)
-    if not args.data.is_file():
-        print(f"no data at {args.data}: pass --data PATH to vllm_startup_logs.jsonl", file=sys.stderr)
+    if not any(p.is_file() for p in args.data):
+        print(f"no data at {', '.join(map(str, args.data))}: pass --data PATH to vllm_startup_logs.jsonl",
+              file=sys.stderr)
         return 2
     result = fit(load(args.data))
     if args.write:

@@ -1,6 +1,7 @@
 """The fitted profile coefficients (oomguard/engines/vllm/profile.py) stay what a fresh fit of the data gives.
 
-benchmarks/fit_profile.py fits them by least squares on ../shared/data/vllm_startup_logs.jsonl; profile.py ships
+benchmarks/fit_profile.py fits them by least squares on every startup record (../shared/data, its batch2/ and
+benchmarks/data/startup_logs/, with the dated versions); profile.py ships
 the fit to 3 significant figures. The tolerance stated here: every coefficient the records inform is within
 2% of the fresh fit (plus 0.001 of its unit, for coefficients that fit to 0). When records or catalog models
 are added, rerun `python benchmarks/fit_profile.py --write` and commit the new values.
@@ -35,7 +36,7 @@ fit_profile = _load("fit_profile")
 
 @pytest.fixture(scope="module")
 def result():
-    return fit_profile.fit(fit_profile.load(DATA))
+    return fit_profile.fit(fit_profile.load(list(fit_profile.ALL_DATA)))
 
 
 @needs_data
@@ -52,13 +53,16 @@ def test_shipped_coefficients_are_the_fit(result):
 @needs_data
 def test_fit_quality(result):
     groups = result["groups"]
-    assert groups["activation_peak"]["n"] >= 12 and groups["cuda_graph"]["n"] >= 12
-    assert groups["activation_peak"]["fitted"]["r2"] >= 0.95
-    # the sampler is read from source now (not fitted): a steady -0.05 GiB of small tensors it leaves out remains
-    assert groups["activation_peak"]["fitted"]["median_abs_gib"] <= 0.06
-    assert groups["non_torch"]["fitted"]["r2"] >= 0.99
-    assert groups["cuda_graph"]["fitted"]["r2"] >= 0.85
-    assert groups["cuda_graph"]["fitted"]["p90_abs_gib"] <= 0.3
+    assert groups["activation_peak"]["n"] >= 30 and groups["cuda_graph"]["n"] >= 30
+    # the sampler warm-up and the fused-MoE workspace come from vLLM's code; one coefficient is fitted
+    assert groups["activation_peak"]["fitted"]["r2"] >= 0.99
+    assert groups["activation_peak"]["fitted"]["median_abs_gib"] <= 0.05
+    # non-torch memory over 0.6-0.19 on many GPUs: one constant per layout and engine band
+    assert groups["non_torch"]["fitted"]["r2"] >= 0.9
+    # the CUDA-graph pool is the weakest figure (it enters the KV budget only from 0.20, as vLLM's estimate):
+    # with batch2's models (Gemma, Phi, Mixtral, Scout) the per-layer shape explains about 60% of the variance
+    assert groups["cuda_graph"]["fitted"]["r2"] >= 0.5 and groups["cuda_graph"]["fitted"]["p90_abs_gib"] <= 0.4
+    assert groups["cuda_graph_estimate"]["fitted"]["p90_abs_gib"] <= 0.35
     assert all(v["fitted"] >= 0 for v in result["coefficients"].values())
 
 
@@ -67,7 +71,8 @@ def test_design_rows_reproduce_the_planner(result):
     # the fit's linear rows come from profile.py itself: with the shipped coefficients they give the planner's
     # own figures, which plan_accuracy.py reports for the same records
     plan_accuracy = _load("plan_accuracy")
-    predicted = {c.record["id"]: c.predicted for c in plan_accuracy.run(DATA) if c.predicted}
+    records = plan_accuracy.load_records(plan_accuracy.ALL_DATA)
+    predicted = {c.record["id"]: c.predicted for c in plan_accuracy.run_records(records) if c.predicted}
     checked = 0
     for group, figure in (("activation_peak", "activation_peak_gib"), ("cuda_graph", "cuda_graph_gib")):
         for row in result["groups"][group]["records"]:

@@ -50,22 +50,22 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 @dataclass(frozen=True)
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
-    forward_bytes_per_inter: float = 4.85     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1)
+    forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
+    non_torch_single_gib: float = 0.229       # cuBLAS / attention workspaces, one GPU (V1)
     non_torch_tp_gib: float = 2.11            # TP > 1 over NVLink (V1, 0.19 H100s): NCCL, all-reduce workspaces
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
-    non_torch_v0_gib: float = 0.27            # V0 worker.py accounting (0.7-0.10)
-    non_torch_v06_gib: float = 1.79           # 0.6.x counted the CUDA context and cuBLAS handles too
+    non_torch_v0_gib: float = 0.196            # V0 worker.py accounting (0.7-0.10)
+    non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
-    nccl_init_gib: float = 1.07               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.32              # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.0164       # per decoder layer on the rank, at the default capture sizes
-    graph_per_layer_tp_gib: float = 0.00108   # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 3.94         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.284           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
-    graph_est_per_layer_gib: float = 0.018
+    nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
+    graph_base_gib: float = 0.5              # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.0132       # per decoder layer on the rank, at the default capture sizes
+    graph_per_layer_tp_gib: float = 5.17e-05   # per decoder layer, the part sharded over TP ranks (/ tp)
+    graph_moe_gib_per_m: float = 1.55         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.338           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_per_layer_gib: float = 0.0157
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 2.24
+    graph_est_moe_gib_per_m: float = 0.954
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -77,7 +77,7 @@ SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.06, "non_torch": 0.07, "cuda_graph_estimate": 0.23}
+ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.12, "cuda_graph_estimate": 0.32}
 
 
 def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
