@@ -4,7 +4,8 @@ Pure: `parse_config(config, model_id)` takes the decoded JSON object; file and h
 The parser understands nested `text_config` (vision-language models), GQA/MQA, explicit `head_dim`,
 sliding-window and interleaved local/global attention, Llama-4 chunked local attention, MLA (DeepSeek V2/V3,
 Kimi), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss, Llama 4) and quantization_config blocks.
-Architectures it cannot model faithfully (linear attention, Mamba hybrids) are refused, never approximated.
+Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) carry their linear-attention state shapes; architectures it cannot
+model faithfully (Mamba hybrids, other linear attention) are refused by name, never approximated.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ _ROPE_NO_SCALE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek
 
 _UNSUPPORTED_TYPES = {
     "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "nemotron_h", "zamba2", "granitemoehybrid", "plamo2",
-    "qwen3_next", "minimax", "minimax_m1", "lfm2", "kimi_linear", "rwkv", "recurrent_gemma",
+    "minimax", "minimax_m1", "lfm2", "kimi_linear", "rwkv", "recurrent_gemma",
 }
+# Gated DeltaNet + full-attention hybrids (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
+GDN_TYPES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"}
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,25 @@ class MoeSpec:
 
 
 @dataclass(frozen=True)
+class LinearAttentionSpec:
+    """A Gated DeltaNet layer's shapes (config.json linear_* fields): its per-request recurrent state and weights."""
+
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+    ssm_dtype: str | None = None      # the temporal state's dtype when config.json pins it (Qwen3.5 mamba_ssm_dtype)
+
+    def state_elements(self, tp: int) -> tuple[int, int]:
+        """(conv, temporal) state elements of one request on one TP rank
+        (mamba_utils.MambaStateShapeCalculator.gated_delta_net_state_shape)."""
+        conv_dim = 2 * self.num_key_heads * self.key_head_dim + self.num_value_heads * self.value_head_dim
+        return ((self.conv_kernel - 1) * conv_dim // tp,
+                self.num_value_heads // tp * self.key_head_dim * self.value_head_dim)
+
+
+@dataclass(frozen=True)
 class VisionSpec:
     """A vision tower, counted for its weights only (kept unquantized in the model dtype)."""
 
@@ -105,7 +127,7 @@ class ModelSpec:
     vocab_size: int
     derived_max_model_len: int
     tie_word_embeddings: bool
-    layer_attention: tuple[str, ...]    # per layer: "full", "sliding", "chunked" or "mla"
+    layer_attention: tuple[str, ...]    # per layer: "full", "sliding", "chunked", "mla" or "linear" (Gated DeltaNet)
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     qkv_bias: bool = False
@@ -116,6 +138,8 @@ class ModelSpec:
     moe: MoeSpec | None = None
     quant: QuantSpec | None = None
     vision: VisionSpec | None = None
+    linear: LinearAttentionSpec | None = None    # Gated DeltaNet layers' shapes (hybrid models)
+    attn_output_gate: bool = False               # q_proj also produces a sigmoid gate per head (Qwen3-Next, 3.5)
     rope_cache_positions: tuple[int, ...] = ()   # one cos/sin cache per distinct RoPE (vllm get_rope caches them)
     rotary_dim: int = 0
     checkpoint_bytes: int | None = None          # exact, from safetensors metadata, when known
@@ -206,6 +230,28 @@ def _layer_attention(cfg: dict, num_layers: int, model_type: str) -> tuple[tuple
     return tuple("full" for _ in range(num_layers)), None, None
 
 
+def _linear_attention(cfg: dict, model_type: str) -> LinearAttentionSpec | None:
+    if model_type not in GDN_TYPES:
+        return None
+    ssm = _norm_dtype(cfg.get("mamba_ssm_dtype"))
+    return LinearAttentionSpec(
+        num_key_heads=_int(cfg, "linear_num_key_heads", default=16), num_value_heads=_int(cfg, "linear_num_value_heads",
+                                                                                           default=32),
+        key_head_dim=_int(cfg, "linear_key_head_dim", default=128),
+        value_head_dim=_int(cfg, "linear_value_head_dim", default=128),
+        conv_kernel=_int(cfg, "linear_conv_kernel_dim", default=4), ssm_dtype=ssm)
+
+
+def _hybrid_layers(cfg: dict, num_layers: int) -> tuple[str, ...]:
+    """Gated DeltaNet ("linear") or full attention per layer: layer_types, else every full_attention_interval-th
+    layer is full attention (Qwen3NextConfig / Qwen3_5TextConfig)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and len(types) == num_layers:
+        return tuple("linear" if str(t).startswith("linear") else "full" for t in types)
+    interval = _int(cfg, "full_attention_interval", default=4) or 4
+    return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(num_layers))
+
+
 def _quant_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
     if not isinstance(qc, dict):
         return None
@@ -282,7 +328,8 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
             layers.append(i >= first_dense and i % (_int(cfg, "moe_layer_freq", default=1) or 1) == 0)
     return MoeSpec(num_experts=experts, top_k=top_k or 2, expert_intermediate_size=expert_inter or 0,
                    shared_intermediate_size=shared, moe_layers=tuple(layers),
-                   shared_expert_gate=model_type == "qwen2_moe", router_bias=model_type == "gpt_oss")
+                   shared_expert_gate=model_type in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"),
+                   router_bias=model_type == "gpt_oss")
 
 
 def _vision_spec(cfg: dict) -> VisionSpec | None:
@@ -366,7 +413,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     text = {**_TRANSFORMERS_DEFAULTS.get(model_type, {}), **text}
     top_type = str(top.get("model_type") or model_type)
     if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
-            or text.get("hybrid_override_pattern") or text.get("linear_attn_config"):
+            or text.get("hybrid_override_pattern") or text.get("linear_attn_config") \
+            or (model_type not in GDN_TYPES and text.get("linear_num_value_heads")):
         raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); "
                                 "oomguard does not model its state cache yet")
     archs = top.get("architectures") or text.get("architectures") or [top_type or "unknown"]
@@ -393,6 +441,9 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
                       v_head_dim=_int(text, "v_head_dim", default=128), q_lora_rank=_int(text, "q_lora_rank"))
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     kinds, window, chunk = _layer_attention(text, num_layers, model_type)
+    linear = _linear_attention(text, model_type)
+    if linear:
+        kinds = _hybrid_layers(text, num_layers)
     if mla:
         kinds = tuple("mla" for _ in range(num_layers))
 
@@ -402,7 +453,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     if rope_type in ("yarn", "deepseek_yarn") and isinstance(rope.get("factor"), (int, float)):
         # vllm/model_executor/layers/rotary_embedding: YaRN caches original_max_position * factor positions
         positions = int(_int(rope, "original_max_position_embeddings", default=positions) * rope["factor"])
-    partial = text.get("partial_rotary_factor", 1.0)
+    rope_params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    partial = text.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
     rotary_dim = mla.qk_rope_head_dim if mla else int(head_dim * (partial if isinstance(partial, (int, float)) else 1.0))
     rope_caches = (positions,)
     if model_type in ("gemma3_text", "gemma3"):
@@ -413,7 +465,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     norms = 2
     if model_type in ("gemma2", "gemma3_text", "gemma3"):
         norms = 4
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2") or bool(text.get("use_qk_norm"))
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2") or model_type in GDN_TYPES \
+        or bool(text.get("use_qk_norm"))
 
     quant = _quant_spec(top.get("quantization_config") or text.get("quantization_config"), model_id)
     return ModelSpec(
@@ -425,6 +478,7 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         qkv_bias=bool(text.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
         o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
         qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
-        vision=_vision_spec(top), rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
+        vision=_vision_spec(top), linear=linear, attn_output_gate=bool(text.get("attn_output_gate", linear is not None)),
+        rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
         checkpoint_bytes=checkpoint_bytes, source=source,
     )

@@ -69,7 +69,24 @@ class MLAAttentionSpec(FullAttentionSpec):
         return self
 
 
-KvSpec = FullAttentionSpec   # every kind is a FullAttentionSpec with its own answers
+@dataclass(frozen=True)
+class MambaSpec:
+    """A linear-attention (Gated DeltaNet) or Mamba layer's recurrent state (kv_cache_interface.MambaSpec): a fixed
+    number of pages per request whatever its length, each padded to the attention page so all layers share blocks."""
+
+    block_size: int              # mamba_block_size: max_model_len without prefix caching
+    state_bytes: int             # conv + temporal state of one request on this rank
+    page_size_bytes: int         # the state padded to the attention page (mamba_page_size_padded)
+    pages_per_request: int       # 1 without prefix caching; 2 in "align" mode (+1 prefill checkpoint where used)
+
+    def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
+        return self.pages_per_request * self.page_size_bytes
+
+    def as_full_attention(self) -> MambaSpec:
+        return self
+
+
+KvSpec = FullAttentionSpec | MambaSpec   # each kind answers page_size_bytes and max_memory_usage_bytes
 
 
 @dataclass(frozen=True)
@@ -110,8 +127,10 @@ class KvLayout:
                    for g in self.groups if g.num_layers)
 
 
-def build_layout(specs: list[KvSpec], hybrid_manager: bool = True) -> KvLayout:
-    """Group per-layer specs: one group if all equal, else groups of equal size per kind (uniform page size)."""
+def build_layout(specs: list[KvSpec], hybrid_manager: bool = True, close_counts_share: bool = False) -> KvLayout:
+    """Group per-layer specs: one group if all equal, else groups of equal size per kind (uniform page size).
+    `close_counts_share` (0.18+): when the largest kind has under 1.5x the layers of the smallest, groups take the
+    largest count and the smaller kinds are padded."""
     if not hybrid_manager:  # unify_hybrid_kv_cache_specs: windows become full attention
         specs = [s.as_full_attention() for s in specs]
     by_spec: dict[KvSpec, int] = {}
@@ -122,6 +141,8 @@ def build_layout(specs: list[KvSpec], hybrid_manager: bool = True) -> KvLayout:
         return KvLayout(groups=(KvGroup(spec, count),), group_size=count)
     # _get_kv_cache_groups_uniform_page_size: group_size = fewest layers of any kind; split each kind
     group_size = min(by_spec.values())
+    if close_counts_share and max(by_spec.values()) < 1.5 * group_size:
+        group_size = max(by_spec.values())
     groups: list[KvGroup] = []
     padding = 0
     for spec, count in by_spec.items():

@@ -14,16 +14,16 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from oomguard.engines.vllm import defaults, messages, profile
-from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec,
+from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
                                       MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
                                       kv_cache_tokens, max_concurrency, num_blocks)
-from oomguard.engines.vllm.releases import release
+from oomguard.engines.vllm.releases import VllmRelease, release
 from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import DTYPE_BYTES, ModelSpec, QuantSpec
-from oomguard.units import GiB
+from oomguard.units import GiB, cdiv
 
 KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1,
                   "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4, "int8": 1}
@@ -201,13 +201,48 @@ def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
     return 16
 
 
-def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
+def linear_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: VllmRelease, tp: int, act_bytes: int,
+                      kv_bytes: int, max_model_len: int) -> MambaSpec:
+    """A Gated DeltaNet layer's state page, and the attention block size that makes an attention page hold it
+    (models/config.py HybridAttentionMambaModelConfig.verify_and_update_config up to 0.19,
+    platforms/interface.py _align_hybrid_block_size from 0.20): block = align x cdiv(state, align x KV bytes per
+    token); the state is padded to block x KV bytes per token."""
+    if model.model_type not in rel.hybrid_model_types:
+        since = {"qwen3_next": "0.10.2"}.get(model.model_type, "0.17.0")
+        raise UsageError(f"vLLM {fmt(rel.version)} does not run {model.model_type} models ({model.model_id}); "
+                         f"they need vLLM {since} or newer: pick --vllm-version {since} or later")
+    conv, temporal = model.linear.state_elements(tp)
+    ssm_bytes = DTYPE_BYTES[model.linear.ssm_dtype] if model.linear.ssm_dtype else act_bytes
+    state = conv * act_bytes + temporal * ssm_bytes      # mamba_cache_dtype / mamba_ssm_cache_dtype "auto"
+    per_token = _attention_bytes_per_token(model, tp, kv_bytes)
+    prefix = cfg.enable_prefix_caching if cfg.enable_prefix_caching is not None else rel.hybrid_prefix_caching_default
+    align_mode = prefix and rel.hybrid_prefix_caching_possible          # mamba_cache_mode "align", else "none"
+    align, pages = 16, 1
+    if align_mode:
+        align, pages = 16, 2                                             # the running state and the last full block's
+        if rel.gdn_flashinfer_checkpoint and gpu.compute_capability[0] == 9:
+            align, pages = 64, 3                                         # FlashInfer GDN prefill checkpoints
+    block = align * cdiv(state, align * per_token)
+    if cfg.block_size and cfg.block_size > block:
+        block = cfg.block_size
+    return MambaSpec(block if align_mode else max_model_len, state, block * per_token, pages)
+
+
+def _attention_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int) -> int:
+    """K and V of one token in one full-attention layer on one TP rank (FullAttentionSpec with block_size 1)."""
+    return 2 * max(1, model.num_kv_heads // tp) * model.head_dim * kv_bytes
+
+
+def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int,
+              state: MambaSpec | None = None) -> list[KvSpec]:
     """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec)."""
     heads = max(1, model.num_kv_heads // tp)
     specs: list[KvSpec] = []
     for i in layers:
         kind = model.layer_attention[i]
-        if kind == "mla":
+        if kind == "linear":
+            specs.append(state)
+        elif kind == "mla":
             m = model.mla
             specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
         elif kind == "sliding":
@@ -297,6 +332,15 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     block_size = cfg.block_size or default_block_size(model, gpu, version)
     if cfg.block_size is None and block_size != 16:
         notes.append(f"block_size={block_size} (the MLA attention backend's)")
+    state = None
+    if model.linear:
+        state = linear_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
+        block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
+        notes.append(f"attention block size {block_size} tokens, so one attention page holds a linear-attention "
+                     f"state ({state.state_bytes / 2**20:.2f} MiB a request per layer, padded by "
+                     f"{100 * (state.page_size_bytes - state.state_bytes) / state.state_bytes:.2f}%); "
+                     f"{state.pages_per_request} state page(s) a request"
+                     + (" (prefix caching keeps the last block's state too)" if state.pages_per_request > 1 else ""))
     # in-flight tokens bound the sliding-window worst case; async scheduling doubles them from 0.26
     in_flight = tokens * (2 if rel.async_scheduling and pp == 1 else 1)
     hybrid_manager = engine == "v1" and rel.hybrid_kv_manager and not (
@@ -330,7 +374,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
-        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes), hybrid_manager)
+        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes, state), hybrid_manager,
+                              rel.hybrid_groups_max_if_close)
         layouts.append(layout)
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
                                     int(available), num_blocks(layout, int(available)), layout.bytes_per_block))

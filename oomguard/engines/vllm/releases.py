@@ -79,6 +79,12 @@ class VllmRelease:
     graph_sizes_add_max_num_seqs: bool     # max_num_seqs itself appended
     graph_cap_1024_on_blackwell: bool      # the capture cap is 1024 on data-centre Blackwell
     graph_pool_measured: bool              # "Graph capturing finished ... took X" follows empty_cache (not a net delta)
+    # --- hybrid linear-attention models (models/config.py HybridAttentionMambaModelConfig, kv_cache_interface.py) ---
+    hybrid_model_types: frozenset[str]   # Gated DeltaNet hybrids this release runs (qwen3_next.py, qwen3_5.py)
+    hybrid_prefix_caching_default: bool  # prefix caching on for hybrids by default ("align" mode: 2 state pages)
+    hybrid_prefix_caching_possible: bool  # --enable-prefix-caching works on Gated DeltaNet hybrids
+    gdn_flashinfer_checkpoint: bool      # GDN prefill on FlashInfer (Hopper): align 64, one more checkpoint page
+    hybrid_groups_max_if_close: bool     # layer groups take the larger count when within 1.5x
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
@@ -155,6 +161,12 @@ def release(version: Version) -> VllmRelease:
         graph_sizes_add_max_num_seqs=_since(v, False, ((0, 31, 0), True)),
         graph_cap_1024_on_blackwell=_since(v, False, ((0, 28, 0), True)),
         graph_pool_measured=_since(v, False, ((0, 18, 0), True)),          # gpu_model_runner.capture_model
+        hybrid_model_types=_since(v, frozenset(), ((0, 10, 2), frozenset({"qwen3_next"})),
+                                  ((0, 17, 0), frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}))),
+        hybrid_prefix_caching_default=_since(v, False, ((0, 28, 0), True)),  # config/cache.py mamba_cache_mode
+        hybrid_prefix_caching_possible=_since(v, False, ((0, 15, 0), True)),
+        gdn_flashinfer_checkpoint=_since(v, False, ((0, 33, 0), True)),     # v1/attention/backends/gdn_attn.py
+        hybrid_groups_max_if_close=_since(v, False, ((0, 18, 0), True)),    # _get_kv_cache_groups_uniform_page_size
         hybrid_kv_manager=_since(v, False, ((0, 9, 0), True)),              # v1/core/kv_cache_coordinator.py
         chunked_local_disables_hybrid=_since(v, False, ((0, 11, 0), True)),  # config/vllm.py
         concurrency_per_request_blocks=_since(v, False, ((0, 9, 0), True)),  # get_max_concurrency_for_kv_cache_config

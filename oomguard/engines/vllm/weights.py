@@ -95,6 +95,19 @@ def _linear(model: ModelSpec, name: str, params: int, act_bytes: int) -> float:
     return params * act_bytes
 
 
+def _gated_delta_net_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
+    """One Gated DeltaNet layer on one TP rank (layers/mamba/gdn_linear_attn.py GatedDeltaNetAttention):
+    in_proj_qkvz [2k + 2v, H], in_proj_ba [2 nv, H], conv1d [2k + v, K], dt_bias and A_log [nv] (fp32),
+    the gated norm [dv], out_proj [H, v]; k = key heads x key dim, v = value heads x value dim."""
+    g, h = model.linear, model.hidden_size
+    k, v = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
+    total = _linear(model, "in_proj_qkvz", (2 * k + 2 * v) // tp * h, act_bytes)
+    total += _linear(model, "in_proj_ba", 2 * g.num_value_heads // tp * h, act_bytes)
+    total += (2 * k + v) // tp * g.conv_kernel * act_bytes
+    total += 2 * g.num_value_heads // tp * 4 + g.value_head_dim * act_bytes
+    return total + _linear(model, "out_proj", h * v // tp, act_bytes)
+
+
 def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None) -> float:
     """Bytes of one decoder layer on one TP rank; `mxfp4` is the MXFP4 MoE kernel (mxfp4_backend)."""
     h, tp = model.hidden_size, par.tp
@@ -114,11 +127,14 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         total += _linear(model, "kv_b_proj", kv_b, act_bytes)
         total += kv_b * act_bytes  # W_UK_T and W_UV, absorbed copies made after loading (mla attention backends)
         total += _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
+    elif model.layer_attention[layer] == "linear":
+        total += _gated_delta_net_bytes(model, tp, act_bytes)
     else:
         hd = model.head_dim
         q_heads = model.num_heads // tp
         kv_heads = max(1, model.num_kv_heads // tp)  # replicated when tp > kv heads (QKVParallelLinear)
-        total += _linear(model, "qkv_proj", h * (q_heads + 2 * kv_heads) * hd, act_bytes)
+        gate = q_heads if model.attn_output_gate else 0  # qwen3_next.py Qwen3NextAttention: q and its gate
+        total += _linear(model, "qkv_proj", h * (q_heads + gate + 2 * kv_heads) * hd, act_bytes)
         total += _linear(model, "o_proj", q_heads * hd * h, act_bytes)
         if model.qkv_bias:
             total += (q_heads + 2 * kv_heads) * hd * act_bytes
