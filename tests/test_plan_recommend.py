@@ -35,7 +35,7 @@ def _search(model_id, gpu, count, p99, peak, **kw):
 def _same_but(result, chosen, **change):
     for c in result.candidates:
         if c.checkpoint.label == chosen.checkpoint.label and all(
-                c.flags.get(k) == change.get(k, chosen.flags.get(k))
+                getattr(c.config, k) == change.get(k, getattr(chosen.config, k))
                 for k in ("tensor_parallel_size", "pipeline_parallel_size", "kv_cache_dtype")):
             return c
     return None
@@ -53,7 +53,7 @@ def test_fits_one_gpu_only_with_fp8_kv():
     _, result = _search("meta-llama/Llama-3.1-8B-Instruct", "rtx4090", 1, 8000, 10)
     best = result.best
     assert best is not None and best.gpus == 1
-    assert best.flags["kv_cache_dtype"] == "fp8" and best.checkpoint.label == "bf16"
+    assert best.config.kv_cache_dtype == "fp8" and best.checkpoint.label == "bf16"
     auto = _same_but(result, best, kv_cache_dtype="auto")
     assert auto is not None and not auto.feasible and not _holds_peak(auto, workload)
     assert _holds_peak(best, workload)
@@ -63,7 +63,7 @@ def test_needs_tensor_parallel_two():
     workload = Workload(8000, 16)
     # the model's own checkpoint only: the catalog's 4-bit copy fits one GPU (see test_needs_a_quantized_checkpoint_from_the_catalog)
     _, result = _search("meta-llama/Llama-3.1-70B-Instruct", "h100", 2, 8000, 16, variants=[])
-    assert result.best.flags["tensor_parallel_size"] == 2
+    assert result.best.config.tensor_parallel_size == 2
     one_gpu = [c for c in result.candidates if c.gpus == 1]
     assert one_gpu and not any(c.feasible for c in one_gpu)
     assert _holds_peak(result.best, workload)
@@ -157,7 +157,7 @@ def test_shared_gpu_plans_against_free_memory():
     shared = search(model, gpu, 1, workload, NEWEST, free_memory_bytes=free)
     best = shared.best
     assert best is not None and best.checkpoint.label != "bf16"     # bf16 weights leave no room in 13 GiB
-    assert best.flags["gpu_memory_utilization"] * gpu.total_memory_bytes <= free
+    assert best.config.gpu_memory_utilization * gpu.total_memory_bytes <= free
     assert best.report.starts
     r = oomguard("plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "l4", "--free-memory", "13",
                  "--p99-tokens", "4096", "--peak-concurrency", "4", "--format", "yaml")
@@ -269,10 +269,9 @@ def test_candidate_predictions_are_the_planners():
     """A candidate's report is exactly what `oomguard plan` predicts for its flags."""
     model, result = _search("Qwen/Qwen2.5-7B-Instruct", "l4", 1, 6000, 8)
     best = result.best
-    flags = {k: v for k, v in best.flags.items()}
-    direct = predict(model, resolve_gpu("l4"), EngineConfig(**flags), NEWEST, gpu_count=1)
+    direct = predict(model, resolve_gpu("l4"), EngineConfig(**best.command_flags()), NEWEST, gpu_count=1)
     assert direct.to_dict() == best.report.to_dict()
-    again = evaluate(best.checkpoint, resolve_gpu("l4"), 1, Workload(6000, 8), NEWEST, flags, None)
+    again = evaluate(best.checkpoint, resolve_gpu("l4"), 1, Workload(6000, 8), NEWEST, best.config, None)
     assert again.held == best.held and again.feasible
 
 
@@ -316,6 +315,6 @@ def test_fixes_for_real_startup_failures_would_start():
         assert fixed.report.starts and fixed.held >= 1, record["id"]
         estimate = record.get("error_estimated_max_model_len")
         if estimate:
-            assert fixed.flags["max_model_len"] <= estimate, record["id"]
+            assert fixed.config.max_model_len <= estimate, record["id"]
         checked += 1
     assert checked >= 1

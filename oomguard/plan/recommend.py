@@ -66,12 +66,12 @@ class Recommendation:
 
 
 def _same_but(result: SearchResult, chosen: Candidate, **changes) -> Candidate | None:
-    """The evaluated candidate equal to `chosen` except for `changes` (flags; 'checkpoint' by label)."""
+    """The evaluated candidate equal to `chosen` except for `changes` (settings by vLLM dest; "checkpoint" by label)."""
     label = changes.pop("checkpoint", chosen.checkpoint.label)
     keys = ("tensor_parallel_size", "pipeline_parallel_size", "kv_cache_dtype")
-    want = {k: changes.get(k, chosen.flags.get(k)) for k in keys}
+    want = {k: changes.get(k, getattr(chosen.config, k)) for k in keys}
     for c in result.candidates:
-        if c.checkpoint.label == label and all(c.flags.get(k) == v for k, v in want.items()):
+        if c.checkpoint.label == label and all(getattr(c.config, k) == v for k, v in want.items()):
             return c
     return None
 
@@ -80,7 +80,7 @@ def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: 
             free_memory_bytes: int | None) -> list[tuple[str, str]]:
     """One reason per chosen setting, in the seeds' terms, computed from the candidates that differ."""
     why: list[tuple[str, str]] = []
-    report, flags = chosen.report, chosen.flags
+    report, config = chosen.report, chosen.config
     p99, peak = workload.p99_tokens, workload.peak_concurrency
     if chosen.checkpoint.other_checkpoint:
         native = _same_but(result, chosen, checkpoint=_native_label(result))
@@ -88,24 +88,24 @@ def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: 
                              f"(another repository): its weights take {report.first.weights_bytes / GiB:.1f} GiB per GPU"
                              + (f"; in {native.checkpoint.label} {native.shortfall}" if native and native.shortfall
                                 else "")))
-    if flags.get("quantization"):
+    if config.quantization:
         own = _same_but(result, chosen, checkpoint=_native_label(result))
-        why.append(("quantization", f"{flags['quantization']}: weights in 8 bits, "
+        why.append(("quantization", f"{config.quantization}: weights in 8 bits, "
                     f"{report.first.weights_bytes / GiB:.1f} GiB per GPU"
                     + (f"; in {own.checkpoint.label} {own.shortfall}" if own and own.shortfall else "")))
-    tp = flags["tensor_parallel_size"]
+    tp = config.tensor_parallel_size
     fewer = [c for c in result.candidates if c.gpus < chosen.gpus]
     if chosen.gpus > 1 and fewer:
         best_fewer = min(fewer, key=lambda c: (not c.report.starts, -c.held))
         why.append(("tensor_parallel_size" if tp > 1 else "pipeline_parallel_size",
                     f"{chosen.gpus} GPUs: on {best_fewer.gpus}, {best_fewer.shortfall or 'it ranks lower'}"))
-    if flags.get("kv_cache_dtype") == "fp8":
+    if config.kv_cache_dtype == "fp8":
         auto = _same_but(result, chosen, kv_cache_dtype="auto")
         why.append(("kv_cache_dtype", "fp8 halves the KV bytes per token"
                     + (f": in {report.config['dtype']} {auto.shortfall}" if auto and auto.shortfall else
                        f": the KV cache holds {chosen.held / peak:.1f}x your peak instead of "
                        f"{auto.held / peak:.1f}x" if auto else "")))
-    max_len = flags["max_model_len"]
+    max_len = config.max_model_len
     own_len = model.derived_max_model_len
     per_request = report.kv_layout.blocks_per_request(p99, report.in_flight_tokens) * report.kv_layout.bytes_per_block
     line = f"{max_len:,} covers your p99 of {p99:,} tokens"
@@ -117,32 +117,33 @@ def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: 
     why.append(("max_model_len", line))
     why.append(("max_num_seqs", f"{peak} = your peak concurrency: vLLM runs no more at once, so the KV cache "
                 f"({chosen.held:.1f} requests of {p99:,} tokens) never has to preempt; more requests wait in its queue"))
-    util = flags["gpu_memory_utilization"]
+    util = config.gpu_memory_utilization
     free_after = report.headroom_bytes / GiB
     if free_memory_bytes is not None:
         reason = (f"{util}: the GPU has {free_memory_bytes / GiB:.1f} GiB free of {report.total_memory_bytes / GiB:.1f};"
                   f" vLLM must not ask for more than is free")
     elif util > 0.9:
-        reason = f"{util}: at 0.90 the KV cache would be too small for your peak (the seeds' upper bound is 0.95)"
+        reason = (f"{util}: at 0.90 the KV cache would be too small for your peak; 0.95 is the most it asks, since "
+                  "above it too little stays free for PyTorch's cached blocks and the sampler warm-up")
     else:
-        reason = f"{util}: vLLM's usual default and the middle of the seeds' 0.80-0.95 band"
+        reason = f"{util}: vLLM's usual default, between 0.80 (room to spare on a shared GPU) and 0.95"
     why.append(("gpu_memory_utilization", reason + f"; {free_after:.1f} GiB per GPU stays free once vLLM is up"))
     sharing = workload.prefix_sharing
-    if flags.get("enable_prefix_caching"):
+    if config.enable_prefix_caching:
         saved = (peak - 1) * report.kv_layout.blocks_per_request(
             int(p99 * sharing) // report.block_size * report.block_size or 1, report.in_flight_tokens) * \
             report.kv_layout.bytes_per_block
         why.append(("enable_prefix_caching", f"on: your requests share {sharing:.0%} of their tokens; the cache "
                     f"stores that prefix once, {saved / GiB:.1f} GiB less KV at peak"))
     else:
-        why.append(("enable_prefix_caching", f"off: prefix sharing {sharing:.0%} is under the seeds' "
-                    f"{PREFIX_CACHING_PAYS:.0%} hit-rate threshold, so caching would not pay for its hashing and "
+        why.append(("enable_prefix_caching", f"off: prefix sharing {sharing:.0%} is under "
+                    f"{PREFIX_CACHING_PAYS:.0%}; below that hit rate the cache does not pay for its hashing and "
                     "the blocks it pins"))
-    if flags.get("max_num_batched_tokens"):
-        why.append(("max_num_batched_tokens", f"{flags['max_num_batched_tokens']:,}: prefill in chunks this size; "
+    if config.max_num_batched_tokens:
+        why.append(("max_num_batched_tokens", f"{config.max_num_batched_tokens:,}: prefill in chunks this size; "
                     f"the profile run's activation peak ({report.first.activation_peak_bytes / GiB:.2f} GiB) "
                     "grows with it"))
-    if flags.get("enforce_eager"):
+    if config.enforce_eager:
         why.append(("enforce_eager", "CUDA graph capture does not fit next to the KV cache; eager mode frees "
                     f"{report.first.cuda_graph_bytes / GiB:.2f} GiB at the cost of slower decode"))
     return why

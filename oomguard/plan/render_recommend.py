@@ -46,11 +46,11 @@ def print_recommendation(rec: Recommendation, fmt: str = "table", top: int = 3) 
                     "tok/s"):
             table.add_column(col, justify="left" if col in ("checkpoint", "KV") else "right")
         for i, c in enumerate(feasible[:top], 1):
-            f = c.flags
+            f = c.config
             table.add_row(str(i), str(c.gpus), c.checkpoint.label,
-                          f"{f['tensor_parallel_size']} x {f.get('pipeline_parallel_size', 1)}",
-                          f.get("kv_cache_dtype", "auto"), f"{f['gpu_memory_utilization']:.2f}",
-                          f"{f['max_model_len']:,}", str(f["max_num_seqs"]),
+                          f"{f.tensor_parallel_size} x {f.pipeline_parallel_size}",
+                          f.kv_cache_dtype, f"{f.gpu_memory_utilization:.2f}",
+                          f"{f.max_model_len:,}", str(f.max_num_seqs),
                           f"{c.report.first.weights_bytes / GiB:.1f} / {c.report.first.kv_cache_bytes / GiB:.1f}",
                           f"{c.held / w.peak_concurrency:.1f}x",
                           f"{c.speed.decode_tokens_per_s:,.0f}")

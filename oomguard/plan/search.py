@@ -12,7 +12,7 @@ at once, so nothing is preempted. Pure: no I/O; each evaluation is one `memory.p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 from oomguard.engines.vllm import defaults
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict
@@ -45,7 +45,7 @@ class Checkpoint:
 @dataclass(frozen=True)
 class Candidate:
     checkpoint: Checkpoint
-    flags: dict
+    config: EngineConfig
     report: MemoryReport
     held: float                    # requests of p99 tokens the KV cache holds at once
     speed: Speed | None
@@ -55,16 +55,12 @@ class Candidate:
 
     @property
     def gpus(self) -> int:
-        return self.flags["tensor_parallel_size"] * self.flags.get("pipeline_parallel_size", 1)
+        return self.config.tensor_parallel_size * self.config.pipeline_parallel_size
 
     def command_flags(self) -> dict:
-        """The vLLM settings worth writing down: no internal keys, no unset values, vLLM's defaults left out."""
-        flags = {k: v for k, v in self.flags.items() if v is not None and k != "usage_context"}
-        for key, default in (("pipeline_parallel_size", 1), ("tensor_parallel_size", 1), ("kv_cache_dtype", "auto"),
-                             ("enforce_eager", False), ("cpu_offload_gb", 0)):
-            if flags.get(key) == default:
-                flags.pop(key)
-        return flags
+        """The vLLM settings worth writing down: what differs from EngineConfig's defaults (vLLM's), by dest."""
+        return {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)
+                if f.name != "usage_context" and getattr(self.config, f.name) != f.default}
 
     def to_dict(self) -> dict:
         return {"model": self.checkpoint.model.model_id, "checkpoint": self.checkpoint.label,
@@ -75,19 +71,19 @@ class Candidate:
 
     def describe(self) -> str:
         """'TP 2, fp8 dyn, fp8 KV' (PP only when used)."""
-        f = self.flags
-        pp = f.get("pipeline_parallel_size", 1)
-        parts = [f"TP {f['tensor_parallel_size']}" + (f" x PP {pp}" if pp > 1 else ""), self.checkpoint.label]
-        if f.get("kv_cache_dtype") == "fp8":
+        c = self.config
+        pp = c.pipeline_parallel_size
+        parts = [f"TP {c.tensor_parallel_size}" + (f" x PP {pp}" if pp > 1 else ""), self.checkpoint.label]
+        if c.kv_cache_dtype == "fp8":
             parts.append("fp8 KV")
-        if f.get("enforce_eager"):
+        if c.enforce_eager:
             parts.append("eager")
         return ", ".join(parts)
 
     @property
     def rank_cost(self) -> float:
         """Fidelity cost: quantized weights first, then the fp8 KV cache."""
-        return self.checkpoint.precision_rank + (0.5 if self.flags.get("kv_cache_dtype") == "fp8" else 0)
+        return self.checkpoint.precision_rank + (0.5 if self.config.kv_cache_dtype == "fp8" else 0)
 
 
 @dataclass(frozen=True)
@@ -162,12 +158,12 @@ def shared_prefix_tokens(workload: Workload, block_size: int, caching: bool) -> 
 
 
 def evaluate(checkpoint: Checkpoint, gpu: GpuSpec, gpu_count: int, workload: Workload, version: Version,
-             flags: dict, free_memory_bytes: int | None) -> Candidate:
+             config: EngineConfig, free_memory_bytes: int | None) -> Candidate:
     """One configuration: does vLLM start, and does its KV cache hold the peak without preemption?"""
-    used = flags["tensor_parallel_size"] * flags.get("pipeline_parallel_size", 1)
-    report = predict(checkpoint.model, gpu, EngineConfig(**flags), version, gpu_count=min(used, gpu_count),
+    used = config.tensor_parallel_size * config.pipeline_parallel_size
+    report = predict(checkpoint.model, gpu, config, version, gpu_count=min(used, gpu_count),
                      free_memory_bytes=free_memory_bytes)
-    caching = bool(flags.get("enable_prefix_caching"))
+    caching = bool(config.enable_prefix_caching)
     held = report.requests_held(workload.p99_tokens, shared_prefix_tokens(workload, report.block_size, caching)) \
         if report.starts else 0.0
     if not report.starts:
@@ -179,11 +175,11 @@ def evaluate(checkpoint: Checkpoint, gpu: GpuSpec, gpu_count: int, workload: Wor
         shortfall = None
     speed = decode_speed(checkpoint.model, report, gpu, workload.peak_concurrency, workload.p99_tokens) \
         if report.starts else None
-    return Candidate(checkpoint, flags, report, held, speed, shortfall is None, shortfall)
+    return Candidate(checkpoint, config, report, held, speed, shortfall is None, shortfall)
 
 
-def _configs(model: ModelSpec, gpu: GpuSpec, version: Version, workload: Workload, usage_context: str):
-    """The settings the seeds fix from the workload (every candidate shares them)."""
+def _configs(model: ModelSpec, gpu: GpuSpec, version: Version, workload: Workload, usage_context: str) -> dict:
+    """The settings the workload fixes (every candidate shares them), by vLLM dest."""
     max_len = context_length(workload, model)
     seqs = workload.peak_concurrency
     engine = release(version).default_engine
@@ -222,7 +218,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
         utilization_choices(gpu, free_memory_bytes)
     if not utils:
         raise UsageError("the free memory given leaves nothing for vLLM on this GPU")
-    base = {**_configs(model, gpu, version, workload, usage_context), **fixed}
+    base = EngineConfig(**{**_configs(model, gpu, version, workload, usage_context), **fixed})
     kv_dtypes = [fixed["kv_cache_dtype"]] if "kv_cache_dtype" in fixed else \
         ["auto"] + (["fp8"] if gpu.supports_fp8 else [])
     ckpts = checkpoints(model, gpu, list(variants))
@@ -243,11 +239,11 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
     def run(pps: list[int]) -> None:
         nonlocal evaluations
         for ckpt, tp, pp, kv in shapes(pps):
-            flags = {**base, "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv,
-                     "quantization": ckpt.quantization}
+            shape = replace(base, tensor_parallel_size=tp, pipeline_parallel_size=pp, kv_cache_dtype=kv,
+                            quantization=ckpt.quantization)
             best = None
             for util in utils:  # the lowest utilization that serves the peak
-                best = evaluate(ckpt, gpu, gpu_count, workload, version, {**flags, "gpu_memory_utilization": util},
+                best = evaluate(ckpt, gpu, gpu_count, workload, version, replace(shape, gpu_memory_utilization=util),
                                 free_memory_bytes)
                 evaluations += 1
                 if best.report.error_class == "gpu_memory_in_use" and "gpu_memory_utilization" not in fixed:
@@ -256,7 +252,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
                     cap = math.floor((1 - r.start_used_bytes / r.total_memory_bytes - UTILIZATION_MARGIN) * 100) / 100
                     if cap < util:
                         best = evaluate(ckpt, gpu, gpu_count, workload, version,
-                                        {**flags, "gpu_memory_utilization": cap}, free_memory_bytes)
+                                        replace(shape, gpu_memory_utilization=cap), free_memory_bytes)
                         evaluations += 1
                     break
                 if best.feasible or not best.report.starts and best.report.error_class in (
@@ -266,7 +262,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
             # the CUDA-graph memory (in the KV budget from 0.20). Both cost speed, so only when they are needed.
             for change in ({"max_num_batched_tokens": SMALL_PREFILL_CHUNK}, {"enforce_eager": True}):
                 if not best.feasible and not any(k in fixed for k in change) and _may_relieve(best, change):
-                    best = evaluate(ckpt, gpu, gpu_count, workload, version, {**best.flags, **change},
+                    best = evaluate(ckpt, gpu, gpu_count, workload, version, replace(best.config, **change),
                                     free_memory_bytes)
                     evaluations += 1
             results.append(best)
@@ -281,7 +277,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
 
 def _key(candidate: Candidate, objective: str, workload: Workload):
     tps = candidate.speed.decode_tokens_per_s if candidate.speed else 0.0
-    eager = bool(candidate.flags.get("enforce_eager"))
+    eager = bool(candidate.config.enforce_eager)
     if objective == "fewest-gpus":
         return (candidate.gpus, candidate.rank_cost, eager, -tps)
     if objective == "most-headroom":
@@ -301,12 +297,10 @@ def rank(candidates: list[Candidate], objective: str, workload: Workload) -> lis
 
 
 def _with_reason(c: Candidate, objective: str, workload: Workload, leader: Candidate | None) -> Candidate:
-    from dataclasses import replace
-
     ratio = c.held / workload.peak_concurrency
     tps = c.speed.decode_tokens_per_s if c.speed else 0
     gpus = f"{c.gpus} GPU{'s' if c.gpus > 1 else ''}"
-    prec = c.checkpoint.label + (", fp8 KV" if c.flags.get("kv_cache_dtype") == "fp8" else "")
+    prec = c.checkpoint.label + (", fp8 KV" if c.config.kv_cache_dtype == "fp8" else "")
     if objective == "fewest-gpus":
         head = f"{gpus} ({prec})" if leader is None else f"{gpus} vs {leader.gpus}" if c.gpus > leader.gpus else \
             f"same {gpus}, {prec}"
@@ -317,6 +311,6 @@ def _with_reason(c: Candidate, objective: str, workload: Workload, leader: Candi
     tail = [f"KV holds {ratio:.1f}x the peak"] if objective != "most-headroom" else [gpus, prec]
     if objective != "max-throughput":
         tail.append(f"~{tps:,.0f} tok/s")
-    if c.flags.get("enforce_eager"):
+    if c.config.enforce_eager:
         tail.append("eager (no CUDA graphs: slower decode)")
     return replace(c, reason=f"{head}; " + ", ".join(tail))

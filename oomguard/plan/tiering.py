@@ -75,7 +75,7 @@ def describe_break(closest: Candidate | None, workload: Workload, gpu: GpuSpec, 
         return "no tensor-parallel size is valid for this model on these GPUs"
     report = closest.report
     where = (f"at best ({closest.gpus} x {gpu.name}, {closest.describe()}, "
-             f"gpu_memory_utilization {closest.flags['gpu_memory_utilization']})")
+             f"gpu_memory_utilization {closest.config.gpu_memory_utilization})")
     if not report.starts:
         if report.error_class == "oom_weights_load":
             need = report.first.weights_bytes / GiB
@@ -203,10 +203,11 @@ def offload_plan(closest: Candidate | None, gpu: GpuSpec, gpu_count: int, worklo
     if closest is None:
         return None
     weights = max(w.weights_bytes for w in closest.report.workers)
-    flags = {**closest.flags, "gpu_memory_utilization": max(closest.flags["gpu_memory_utilization"], 0.9)}
+    config = replace(closest.config, gpu_memory_utilization=max(closest.config.gpu_memory_utilization, 0.9))
 
     def attempt(gib: int) -> Candidate:
-        return evaluate(closest.checkpoint, gpu, gpu_count, workload, version, {**flags, "cpu_offload_gb": gib}, free)
+        return evaluate(closest.checkpoint, gpu, gpu_count, workload, version, replace(config, cpu_offload_gb=gib),
+                        free)
     need = smallest_fitting(1, math.ceil(weights * 0.95 / GiB), lambda gib: attempt(gib).feasible)
     if need is None:
         return None
