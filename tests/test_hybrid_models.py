@@ -1,4 +1,4 @@
-"""Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) planned as vLLM plans them: state pages, the attention block size
+"""Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) and Mamba2 hybrids (Nemotron-H) planned as vLLM plans them: state pages, the attention block size
 that holds one, layer groups sharing one block pool, and the releases that run them.
 
 The expected figures are vLLM's arithmetic, worked through from its source in docs/research/vllm-hybrid-kv.md
@@ -28,7 +28,7 @@ def test_qwen3_next_layers_and_state():
     model = from_catalog(NEXT)
     assert model.layer_attention.count("linear") == 36 and model.layer_attention.count("full") == 12
     assert model.layer_attention[3] == "full" and model.layer_attention[0] == "linear"  # full_attention_interval 4
-    conv, temporal = model.linear.state_elements(1)
+    conv, temporal = model.recurrent.state_elements(1)
     assert (conv * 2 + temporal * 2) == 1_097_728      # bf16 conv (3 x 8192) + temporal (32 x 128 x 128)
     assert model.attn_output_gate and model.moe.shared_expert_gate
 
@@ -70,9 +70,37 @@ def test_releases_without_the_architecture_refuse_it():
     assert plan("Qwen/Qwen3.5-27B", version=(0, 17, 0), tp=1).block_size == 784   # fp32 temporal state
 
 
-def test_mamba_hybrids_are_refused_by_name():
-    config = {"model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"], "hidden_size": 4096,
-              "num_hidden_layers": 52, "num_attention_heads": 32, "vocab_size": 131072,
-              "hybrid_override_pattern": "M-M-M*-"}
-    with pytest.raises(NotSupportedError, match="nemotron_h"):
-        parse_config(config, "nvidia/Nemotron-H-8B-Base-8K")
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+
+
+def test_nemotron_h_single_purpose_layers_and_parameters():
+    model = from_catalog(NANO)
+    # hybrid_override_pattern: 23 Mamba2 mixers (M), 6 attention layers (*), 23 MoE blocks (E)
+    assert (model.layer_attention.count("mamba"), model.layer_attention.count("full")) == (23, 6)
+    assert model.layer_ffn.count("moe") == 23 and not model.gated_mlp      # relu2 experts: up and down only
+    weights = plan(NANO, tp=1, gpu="h100").first.weights_bytes
+    assert 31.4e9 < weights / 2 < 31.8e9                                    # NVIDIA's 31.6B parameters, in bf16
+
+
+def test_nemotron_h_state_and_block_size():
+    # conv 3 x (4096 + 2 x 8 x 128) bf16 + temporal 64 x 64 x 128 in config.json's float32: 2,134,016 bytes;
+    # attention 2 KV heads x 128 x 2 x bf16 = 1,024 bytes a token, so the block is 16 x cdiv(2134016, 16384)
+    report = plan(NANO, tp=1, gpu="h100")
+    assert report.block_size == 2096
+    assert len(report.kv_layout.groups) == 5 and report.kv_layout.group_size == 6   # 1 attention + 4 Mamba groups
+    with pytest.raises(UsageError, match="0.12.0"):
+        plan(NANO, version=(0, 11, 0), tp=1, gpu="h100")                     # the MoE variant arrived in 0.12
+
+
+def test_nemotron_h_temporal_state_dtype_by_release():
+    # without mamba_ssm_cache_dtype in config.json: the model dtype up to 0.12, float16 0.13-0.19, float32 from 0.20
+    blocks = {v: plan("nvidia/Nemotron-H-56B-Base-8K", version=v, max_model_len=8192).block_size
+              for v in ((0, 12, 0), (0, 19, 0), (0, 20, 0))}
+    assert blocks[(0, 12, 0)] == blocks[(0, 19, 0)] < blocks[(0, 20, 0)]
+
+
+def test_other_mamba_hybrids_are_refused_by_name():
+    config = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 1536,
+              "num_hidden_layers": 40, "num_attention_heads": 12, "vocab_size": 100352}
+    with pytest.raises(NotSupportedError, match="granitemoehybrid"):
+        parse_config(config, "ibm-granite/granite-4.0-h-tiny")

@@ -4,8 +4,9 @@ Pure: `parse_config(config, model_id)` takes the decoded JSON object; file and h
 The parser understands nested `text_config` (vision-language models), GQA/MQA, explicit `head_dim`,
 sliding-window and interleaved local/global attention, Llama-4 chunked local attention, MLA (DeepSeek V2/V3,
 Kimi), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss, Llama 4) and quantization_config blocks.
-Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) carry their linear-attention state shapes; architectures it cannot
-model faithfully (Mamba hybrids, other linear attention) are refused by name, never approximated.
+Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) and Mamba2 hybrids (Nemotron-H) carry their recurrent-state shapes;
+architectures it cannot model faithfully (other Mamba and linear-attention families) are refused by name, never
+approximated.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 _ROPE_NO_SCALE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 
 _UNSUPPORTED_TYPES = {
-    "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "nemotron_h", "zamba2", "granitemoehybrid", "plamo2",
+    "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "zamba2", "granitemoehybrid", "plamo2",
     "minimax", "minimax_m1", "lfm2", "kimi_linear", "rwkv", "recurrent_gemma",
 }
 # Gated DeltaNet + full-attention hybrids (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
@@ -105,6 +106,32 @@ class LinearAttentionSpec:
 
 
 @dataclass(frozen=True)
+class MambaMixerSpec:
+    """A Mamba2 mixer's shapes (Nemotron-H: mamba_num_heads, mamba_head_dim, n_groups, ssm_state_size, conv_kernel)."""
+
+    num_heads: int
+    head_dim: int
+    n_groups: int
+    state_size: int
+    conv_kernel: int
+    conv_bias: bool = True
+    ssm_dtype: str | None = None      # config.json's mamba_ssm_cache_dtype, which vLLM reads from 0.13
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def groups(self, tp: int) -> int:
+        """B/C groups on a rank: replicated up to tp when tp does not divide them (extra_groups_for_head_shards)."""
+        return self.n_groups if self.n_groups % tp == 0 else tp
+
+    def state_elements(self, tp: int) -> tuple[int, int]:
+        """(conv, temporal) state elements of one request on one TP rank (mamba_utils mamba2_state_shape)."""
+        conv_dim = self.intermediate_size + 2 * self.groups(tp) * self.state_size
+        return (self.conv_kernel - 1) * conv_dim // tp, self.num_heads // tp * self.head_dim * self.state_size
+
+
+@dataclass(frozen=True)
 class VisionSpec:
     """A vision tower, counted for its weights only (kept unquantized in the model dtype)."""
 
@@ -127,7 +154,8 @@ class ModelSpec:
     vocab_size: int
     derived_max_model_len: int
     tie_word_embeddings: bool
-    layer_attention: tuple[str, ...]    # per layer: "full", "sliding", "chunked", "mla" or "linear" (Gated DeltaNet)
+    layer_attention: tuple[str, ...]    # per layer: "full", "sliding", "chunked", "mla", "linear" (Gated DeltaNet),
+                                        # "mamba" (Mamba2 mixer) or "none" (an MLP-only layer)
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     qkv_bias: bool = False
@@ -138,7 +166,9 @@ class ModelSpec:
     moe: MoeSpec | None = None
     quant: QuantSpec | None = None
     vision: VisionSpec | None = None
-    linear: LinearAttentionSpec | None = None    # Gated DeltaNet layers' shapes (hybrid models)
+    recurrent: LinearAttentionSpec | MambaMixerSpec | None = None   # the linear/Mamba layers' shapes (hybrids)
+    layer_ffn: tuple[str, ...] | None = None     # per layer "mlp", "moe" or "none" where layers are single-purpose
+    gated_mlp: bool = True                       # gate and up projections (SiLU-and-mul); False: up only (relu2)
     attn_output_gate: bool = False               # q_proj also produces a sigmoid gate per head (Qwen3-Next, 3.5)
     rope_cache_positions: tuple[int, ...] = ()   # one cos/sin cache per distinct RoPE (vllm get_rope caches them)
     rotary_dim: int = 0
@@ -242,6 +272,26 @@ def _linear_attention(cfg: dict, model_type: str) -> LinearAttentionSpec | None:
         conv_kernel=_int(cfg, "linear_conv_kernel_dim", default=4), ssm_dtype=ssm)
 
 
+def _nemotron_h(cfg: dict, num_layers: int, model_id: str) -> tuple[MambaMixerSpec, tuple[str, ...], tuple[str, ...]]:
+    """Nemotron-H's single-purpose layers from hybrid_override_pattern (models/nemotron_h.py): M a Mamba2 mixer,
+    * attention, - an MLP, E a MoE block."""
+    pattern = str(cfg.get("hybrid_override_pattern") or "")
+    if len(pattern) != num_layers or set(pattern) - set("M*-E"):
+        raise UsageError(f"{model_id}: hybrid_override_pattern {pattern!r} does not describe {num_layers} layers of "
+                         "M, *, - and E; pass the model's own config.json")
+    if cfg.get("moe_latent_size"):
+        raise NotSupportedError(f"{model_id} uses latent MoE projections (moe_latent_size), which oomguard does not "
+                                "model yet")
+    mixer = MambaMixerSpec(
+        num_heads=_int(cfg, "mamba_num_heads", default=128), head_dim=_int(cfg, "mamba_head_dim", default=64),
+        n_groups=_int(cfg, "n_groups", default=8), state_size=_int(cfg, "ssm_state_size", default=128),
+        conv_kernel=_int(cfg, "conv_kernel", default=4), conv_bias=bool(cfg.get("use_conv_bias", True)),
+        ssm_dtype=_norm_dtype(cfg.get("mamba_ssm_cache_dtype")))
+    kinds = tuple({"M": "mamba", "*": "full"}.get(c, "none") for c in pattern)
+    ffn = tuple({"-": "mlp", "E": "moe"}.get(c, "none") for c in pattern)
+    return mixer, kinds, ffn
+
+
 def _hybrid_layers(cfg: dict, num_layers: int) -> tuple[str, ...]:
     """Gated DeltaNet ("linear") or full attention per layer: layer_types, else every full_attention_interval-th
     layer is full attention (Qwen3NextConfig / Qwen3_5TextConfig)."""
@@ -312,6 +362,8 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     if (n_shared := _int(cfg, "n_shared_experts", "num_shared_experts")) and expert_inter:
         shared = n_shared * expert_inter
     shared = _int(cfg, "shared_expert_intermediate_size", default=shared) or 0
+    if model_type == "nemotron_h":  # nemotron_h.py NemotronHMoE: shared experts of their own width
+        shared = (_int(cfg, "moe_shared_expert_intermediate_size", default=0) or 0) * (n_shared or 0)
     if model_type == "llama4_text":
         shared = _int(cfg, "intermediate_size", default=0) if cfg.get("num_shared_experts", 1) else 0
         expert_inter = _int(cfg, "intermediate_size", default=expert_inter)
@@ -322,6 +374,8 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     for i in range(num_layers):
         if interleave:  # Llama 4 (llama4.py): every `interleave`-th layer is MoE
             layers.append((i + 1) % interleave == 0)
+        elif model_type == "nemotron_h":  # the E layers of hybrid_override_pattern
+            layers.append(str(cfg.get("hybrid_override_pattern", ""))[i:i + 1] == "E")
         elif "decoder_sparse_step" in cfg:  # Qwen MoE (qwen2_moe.py / qwen3_moe.py)
             layers.append(i not in mlp_only and (i + 1) % (_int(cfg, "decoder_sparse_step") or 1) == 0)
         else:  # DeepSeek (deepseek_v2.py): dense for the first k layers, then every moe_layer_freq-th
@@ -329,7 +383,7 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     return MoeSpec(num_experts=experts, top_k=top_k or 2, expert_intermediate_size=expert_inter or 0,
                    shared_intermediate_size=shared, moe_layers=tuple(layers),
                    shared_expert_gate=model_type in ("qwen2_moe", "qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"),
-                   router_bias=model_type == "gpt_oss")
+                   router_bias=model_type in ("gpt_oss", "nemotron_h"))
 
 
 def _vision_spec(cfg: dict) -> VisionSpec | None:
@@ -413,10 +467,10 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     text = {**_TRANSFORMERS_DEFAULTS.get(model_type, {}), **text}
     top_type = str(top.get("model_type") or model_type)
     if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
-            or text.get("hybrid_override_pattern") or text.get("linear_attn_config") \
+            or (text.get("hybrid_override_pattern") and model_type != "nemotron_h") or text.get("linear_attn_config") \
             or (model_type not in GDN_TYPES and text.get("linear_num_value_heads")):
-        raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); "
-                                "oomguard does not model its state cache yet")
+        raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); oomguard models "
+                                "Qwen3-Next, Qwen3.5 and Nemotron-H among these, not {top_type} yet")
     archs = top.get("architectures") or text.get("architectures") or [top_type or "unknown"]
     architecture = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
 
@@ -441,9 +495,11 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
                       v_head_dim=_int(text, "v_head_dim", default=128), q_lora_rank=_int(text, "q_lora_rank"))
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     kinds, window, chunk = _layer_attention(text, num_layers, model_type)
-    linear = _linear_attention(text, model_type)
-    if linear:
+    recurrent, ffn = _linear_attention(text, model_type), None
+    if recurrent:
         kinds = _hybrid_layers(text, num_layers)
+    if model_type == "nemotron_h":
+        recurrent, kinds, ffn = _nemotron_h(text, num_layers, model_id)
     if mla:
         kinds = tuple("mla" for _ in range(num_layers))
 
@@ -459,12 +515,15 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     rope_caches = (positions,)
     if model_type in ("gemma3_text", "gemma3"):
         rope_caches = (positions, positions)  # separate local and global RoPE bases
-    if model_type == "llama4_text" or text.get("position_embedding_type") == "absolute" or model_type in ("gpt2", "opt"):
+    if model_type == "llama4_text" or text.get("position_embedding_type") == "absolute" or \
+            model_type in ("gpt2", "opt", "nemotron_h"):   # Nemotron-H attention has no rotary embedding
         rope_caches = (positions,) if model_type == "llama4_text" else ()
 
     norms = 2
     if model_type in ("gemma2", "gemma3_text", "gemma3"):
         norms = 4
+    if model_type == "nemotron_h":
+        norms = 1   # one pre-norm per single-purpose layer
     qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2") or model_type in GDN_TYPES \
         or bool(text.get("use_qk_norm"))
 
@@ -478,7 +537,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         qkv_bias=bool(text.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
         o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
         qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
-        vision=_vision_spec(top), linear=linear, attn_output_gate=bool(text.get("attn_output_gate", linear is not None)),
+        vision=_vision_spec(top), recurrent=recurrent, layer_ffn=ffn, gated_mlp=model_type != "nemotron_h",
+        attn_output_gate=bool(text.get("attn_output_gate", isinstance(recurrent, LinearAttentionSpec))),
         rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
         checkpoint_bytes=checkpoint_bytes, source=source,
     )

@@ -201,18 +201,22 @@ def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
     return 16
 
 
-def linear_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: VllmRelease, tp: int, act_bytes: int,
-                      kv_bytes: int, max_model_len: int) -> MambaSpec:
-    """A Gated DeltaNet layer's state page, and the attention block size that makes an attention page hold it
+def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: VllmRelease, tp: int,
+                         act_bytes: int, kv_bytes: int, max_model_len: int) -> MambaSpec:
+    """A Gated DeltaNet or Mamba2 layer's state page, and the attention block size that makes an attention page hold it
     (models/config.py HybridAttentionMambaModelConfig.verify_and_update_config up to 0.19,
     platforms/interface.py _align_hybrid_block_size from 0.20): block = align x cdiv(state, align x KV bytes per
     token); the state is padded to block x KV bytes per token."""
-    if model.model_type not in rel.hybrid_model_types:
-        since = {"qwen3_next": "0.10.2"}.get(model.model_type, "0.17.0")
-        raise UsageError(f"vLLM {fmt(rel.version)} does not run {model.model_type} models ({model.model_id}); "
+    family = model.model_type + ("_moe" if model.model_type == "nemotron_h" and model.moe else "")
+    if family not in rel.hybrid_model_types:
+        since = HYBRID_SINCE.get(family, "0.17.0")
+        raise UsageError(f"vLLM {fmt(rel.version)} does not run {family} models ({model.model_id}); "
                          f"they need vLLM {since} or newer: pick --vllm-version {since} or later")
-    conv, temporal = model.linear.state_elements(tp)
-    ssm_bytes = DTYPE_BYTES[model.linear.ssm_dtype] if model.linear.ssm_dtype else act_bytes
+    conv, temporal = model.recurrent.state_elements(tp)
+    ssm_dtype = model.recurrent.ssm_dtype      # Qwen3.5's config pins it (vLLM 0.17+ reads it)
+    if model.model_type == "nemotron_h":       # models/config.py NemotronHForCausalLMConfig, from 0.13
+        ssm_dtype = (ssm_dtype or rel.nemotron_h_ssm_dtype) if rel.nemotron_h_ssm_dtype else None
+    ssm_bytes = DTYPE_BYTES[ssm_dtype] if ssm_dtype else act_bytes
     state = conv * act_bytes + temporal * ssm_bytes      # mamba_cache_dtype / mamba_ssm_cache_dtype "auto"
     per_token = _attention_bytes_per_token(model, tp, kv_bytes)
     prefix = cfg.enable_prefix_caching if cfg.enable_prefix_caching is not None else rel.hybrid_prefix_caching_default
@@ -228,6 +232,10 @@ def linear_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: Vl
     return MambaSpec(block if align_mode else max_model_len, state, block * per_token, pages)
 
 
+# the first release that runs each hybrid family (releases.py hybrid_model_types), for the refusal message
+HYBRID_SINCE = {"qwen3_next": "0.10.2", "nemotron_h": "0.10.2", "nemotron_h_moe": "0.12.0"}
+
+
 def _attention_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int) -> int:
     """K and V of one token in one full-attention layer on one TP rank (FullAttentionSpec with block_size 1)."""
     return 2 * max(1, model.num_kv_heads // tp) * model.head_dim * kv_bytes
@@ -240,8 +248,10 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_byte
     specs: list[KvSpec] = []
     for i in layers:
         kind = model.layer_attention[i]
-        if kind == "linear":
+        if kind in ("linear", "mamba"):
             specs.append(state)
+        elif kind == "none":
+            continue
         elif kind == "mla":
             m = model.mla
             specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
@@ -333,11 +343,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if cfg.block_size is None and block_size != 16:
         notes.append(f"block_size={block_size} (the MLA attention backend's)")
     state = None
-    if model.linear:
-        state = linear_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
+    if model.recurrent:
+        state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
         block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
-        notes.append(f"attention block size {block_size} tokens, so one attention page holds a linear-attention "
-                     f"state ({state.state_bytes / 2**20:.2f} MiB a request per layer, padded by "
+        notes.append(f"attention block size {block_size} tokens, so one attention page holds a "
+                     f"{'Mamba' if model.layer_attention.count('mamba') else 'linear-attention'} layer's recurrent "
+                     f"state ({state.state_bytes / 2**20:.2f} MiB a request, padded by "
                      f"{100 * (state.page_size_bytes - state.state_bytes) / state.state_bytes:.2f}%); "
                      f"{state.pages_per_request} state page(s) a request"
                      + (" (prefix caching keeps the last block's state too)" if state.pages_per_request > 1 else ""))

@@ -88,7 +88,8 @@ def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) 
     if not (moe and any(moe.moe_layers)) or (model.quant and model.quant.method == "mxfp4"):
         return 0
     inter, hidden = moe.expert_intermediate_size // tp, model.hidden_size
-    return tokens * moe.top_k * (max(inter, hidden) + max(2 * inter, hidden)) * act_bytes
+    first_gemm = 2 * inter if model.gated_mlp else inter   # N: gate and up, or up alone (is_act_and_mul=False)
+    return tokens * moe.top_k * (max(inter, hidden) + max(first_gemm, hidden)) * act_bytes
 
 
 def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,

@@ -85,6 +85,7 @@ class VllmRelease:
     hybrid_prefix_caching_possible: bool  # --enable-prefix-caching works on Gated DeltaNet hybrids
     gdn_flashinfer_checkpoint: bool      # GDN prefill on FlashInfer (Hopper): align 64, one more checkpoint page
     hybrid_groups_max_if_close: bool     # layer groups take the larger count when within 1.5x
+    nemotron_h_ssm_dtype: str | None     # Nemotron-H's temporal state when config.json does not pin it
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
@@ -161,8 +162,11 @@ def release(version: Version) -> VllmRelease:
         graph_sizes_add_max_num_seqs=_since(v, False, ((0, 31, 0), True)),
         graph_cap_1024_on_blackwell=_since(v, False, ((0, 28, 0), True)),
         graph_pool_measured=_since(v, False, ((0, 18, 0), True)),          # gpu_model_runner.capture_model
-        hybrid_model_types=_since(v, frozenset(), ((0, 10, 2), frozenset({"qwen3_next"})),
-                                  ((0, 17, 0), frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}))),
+        hybrid_model_types=_since(v, frozenset(), ((0, 10, 2), frozenset({"qwen3_next", "nemotron_h"})),
+                                  ((0, 12, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe"})),
+                                  ((0, 17, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe", "qwen3_5_text",
+                                                          "qwen3_5_moe_text"}))),
+        nemotron_h_ssm_dtype=_since(v, None, ((0, 13, 0), "float16"), ((0, 20, 0), "float32")),
         hybrid_prefix_caching_default=_since(v, False, ((0, 28, 0), True)),  # config/cache.py mamba_cache_mode
         hybrid_prefix_caching_possible=_since(v, False, ((0, 15, 0), True)),
         gdn_flashinfer_checkpoint=_since(v, False, ((0, 33, 0), True)),     # v1/attention/backends/gdn_attn.py

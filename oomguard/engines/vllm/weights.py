@@ -99,13 +99,27 @@ def _gated_delta_net_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
     """One Gated DeltaNet layer on one TP rank (layers/mamba/gdn_linear_attn.py GatedDeltaNetAttention):
     in_proj_qkvz [2k + 2v, H], in_proj_ba [2 nv, H], conv1d [2k + v, K], dt_bias and A_log [nv] (fp32),
     the gated norm [dv], out_proj [H, v]; k = key heads x key dim, v = value heads x value dim."""
-    g, h = model.linear, model.hidden_size
+    g, h = model.recurrent, model.hidden_size
     k, v = g.num_key_heads * g.key_head_dim, g.num_value_heads * g.value_head_dim
     total = _linear(model, "in_proj_qkvz", (2 * k + 2 * v) // tp * h, act_bytes)
     total += _linear(model, "in_proj_ba", 2 * g.num_value_heads // tp * h, act_bytes)
     total += (2 * k + v) // tp * g.conv_kernel * act_bytes
     total += 2 * g.num_value_heads // tp * 4 + g.value_head_dim * act_bytes
     return total + _linear(model, "out_proj", h * v // tp, act_bytes)
+
+
+def _mamba2_mixer_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
+    """One Mamba2 mixer on one TP rank (layers/mamba/mamba_mixer2.py MambaMixer2): in_proj [2I + 2GN + heads, H],
+    conv1d [I + 2GN, K] with its bias, A (fp32), D and dt_bias [heads], the gated norm [I], out_proj [H, I];
+    G the B/C groups on the rank (replicated when TP does not divide them)."""
+    m, h = model.recurrent, model.hidden_size
+    inter, groups_state = m.intermediate_size // tp, m.groups(tp) * m.state_size // tp
+    heads = m.num_heads // tp
+    total = _linear(model, "in_proj", (2 * inter + 2 * groups_state + heads) * h, act_bytes)
+    conv_dim = inter + 2 * groups_state
+    total += conv_dim * m.conv_kernel * act_bytes + (conv_dim * act_bytes if m.conv_bias else 0)
+    total += heads * 4 + 2 * heads * act_bytes + inter * act_bytes
+    return total + _linear(model, "out_proj", h * inter, act_bytes)
 
 
 def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None) -> float:
@@ -129,6 +143,10 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         total += _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
     elif model.layer_attention[layer] == "linear":
         total += _gated_delta_net_bytes(model, tp, act_bytes)
+    elif model.layer_attention[layer] == "mamba":
+        total += _mamba2_mixer_bytes(model, tp, act_bytes)
+    elif model.layer_attention[layer] == "none":
+        pass
     else:
         hd = model.head_dim
         q_heads = model.num_heads // tp
@@ -145,26 +163,28 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         if model.model_type == "gpt_oss":
             total += q_heads * 4  # attention sinks, fp32
     moe = model.moe
-    if moe and moe.moe_layers[layer]:
+    ffn = model.layer_ffn[layer] if model.layer_ffn else "moe" if moe and moe.moe_layers[layer] else "mlp"
+    mats = 3 if model.gated_mlp else 2   # gate, up, down; or up, down (relu2)
+    if ffn == "moe":
         inter = moe.expert_intermediate_size
         experts_here, width = (cdiv(moe.num_experts, tp), inter) if par.ep else (moe.num_experts, inter // tp)
         if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
             total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss")
         else:
-            total += _linear(model, "experts", experts_here * 3 * h * width, act_bytes)
+            total += _linear(model, "experts", experts_here * mats * h * width, act_bytes)
             if model.model_type == "gpt_oss":
                 total += experts_here * (2 * width + h) * act_bytes  # expert biases
         total += h * moe.num_experts * act_bytes + (moe.num_experts * act_bytes if moe.router_bias else 0)
         if moe.shared_intermediate_size:
-            total += _linear(model, "shared_expert", 3 * h * moe.shared_intermediate_size // tp, act_bytes)
+            total += _linear(model, "shared_expert", mats * h * moe.shared_intermediate_size // tp, act_bytes)
         if moe.shared_expert_gate:
             total += h * act_bytes
-    else:
+    elif ffn == "mlp":
         inter = model.intermediate_size
         if model.model_type in ("phi", "gpt2", "starcoder2"):  # fc1/fc2 with biases, no gate
             total += _linear(model, "mlp", 2 * h * inter // tp, act_bytes) + (inter // tp + h) * act_bytes
         else:
-            total += _linear(model, "mlp", 3 * h * inter // tp, act_bytes)
+            total += _linear(model, "mlp", mats * h * inter // tp, act_bytes)
     return total
 
 
