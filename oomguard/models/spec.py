@@ -469,8 +469,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
             or (text.get("hybrid_override_pattern") and model_type != "nemotron_h") or text.get("linear_attn_config") \
             or (model_type not in GDN_TYPES and text.get("linear_num_value_heads")):
-        raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); oomguard models "
-                                "Qwen3-Next, Qwen3.5 and Nemotron-H among these, not {top_type} yet")
+        raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); oomguard does "
+                                f"not model {top_type} yet (of these it models Qwen3-Next, Qwen3.5 and Nemotron-H)")
     archs = top.get("architectures") or text.get("architectures") or [top_type or "unknown"]
     architecture = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
 
