@@ -39,6 +39,9 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
 ALL_DATA = (DEFAULT_DATA, ROOT.parent / "shared" / "data" / "batch2" / "vllm_startup_logs.jsonl",
             *sorted((ROOT / "benchmarks" / "data" / "startup_logs").glob("*.jsonl")))
 INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_versions.json"
+# coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
+BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib", "non_torch_single_gib": "non_torch_single_early_gib",
+                 "non_torch_tp_early_gib": "non_torch_tp_gib", "non_torch_tp_gib": "non_torch_tp_early_gib"}
 # version bands whose startup code differs most (../shared/research/vllm-memory-model.md section 1.3)
 BANDS = (((0, 0, 0), "0.6-0.7 (V0)"), ((0, 8, 0), "0.8-0.9"), ((0, 10, 0), "0.10-0.13"), ((0, 14, 0), "0.14-0.19"),
          ((0, 20, 0), "0.20+"))
@@ -283,8 +286,8 @@ def _fit_module():
 
 def leave_one_band_out(records: list[dict]) -> tuple[list[Case], dict[str, list[str]]]:
     """Each band scored with coefficients fitted on the other bands only. A coefficient the other bands cannot
-    inform takes what the source says (profile.SOURCE_PRIORS) where it says something, else its shipped value
-    (fitted on all records, the band included): both kinds are listed per band."""
+    inform takes its other band's value (BAND_SIBLINGS), or what the source says (profile.SOURCE_PRIORS), else its
+    shipped value (fitted on all records, the band included): each kind is listed per band."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     fit_profile = _fit_module()
     held_out: list[Case] = []
@@ -297,8 +300,12 @@ def leave_one_band_out(records: list[dict]) -> tuple[list[Case], dict[str, list[
             fitted = {}
         known = {n: v["fitted"] for n, v in fitted.items() if v["fitted"] is not None}
         missing = sorted(set(profile.ProfileCoefficients.__dataclass_fields__) - set(known))
-        uninformed[name] = [n + (" (source)" if n in profile.SOURCE_PRIORS else " (shipped)") for n in missing]
-        priors = {n: profile.SOURCE_PRIORS[n] for n in missing if n in profile.SOURCE_PRIORS}
+        # a per-band coefficient the other bands cannot inform takes its other band's fitted value
+        siblings = {n: known[BAND_SIBLINGS[n]] for n in missing if BAND_SIBLINGS.get(n) in known}
+        priors = {n: profile.SOURCE_PRIORS[n] for n in missing if n in profile.SOURCE_PRIORS and n not in siblings}
+        uninformed[name] = [n + (" (other band's)" if n in siblings else " (source)" if n in priors else " (shipped)")
+                            for n in missing]
+        priors.update(siblings)
         coefficients = replace(profile.COEFFICIENTS, **known, **priors)
         held_out += run_records([r for r in records if band(r) == name], coefficients)
     return held_out, uninformed
@@ -339,8 +346,8 @@ def print_generalisation(g: dict) -> None:
             print(f"| {name} | {row['n']} | {cells(row)} |")
     left = {b: row["uninformed"] for b, row in g["bands"].items() if row["uninformed"]}
     if left:
-        print("\ncoefficients the other bands could not inform (scored with what the source says, or else the "
-              "shipped value):")
+        print("\ncoefficients the other bands could not inform (scored with the other band's value, what the source "
+              "says, or else the shipped value):")
         for name, names in left.items():
             print(f"  {name}: {', '.join(names)}")
 

@@ -178,7 +178,9 @@ def test_pipeline_stage_activation_and_graphs_differ_by_stage():
     r = run(pipeline_parallel_size=4, gpus=4)
     acts = [w.activation_peak_bytes for w in r.workers]
     assert acts[-1] > max(acts[:-1]) and acts[1] == acts[2]
-    assert run(tensor_parallel_size=2, gpus=2).first.cuda_graph_bytes < run().first.cuda_graph_bytes
+    # graphs grow with the layers on the rank (PP splits them); the TP-sharded part fits to ~0 on the logs
+    assert r.workers[0].cuda_graph_bytes < run().first.cuda_graph_bytes
+    assert run(tensor_parallel_size=2, gpus=2).first.cuda_graph_bytes <= run().first.cuda_graph_bytes
 
 
 def test_sampler_warmup_margin_below_allocator_cache_is_flagged_with_a_safer_utilization():

@@ -36,7 +36,6 @@ SAMPLER_KERNEL_BYTES = 14      # FlashInfer or Triton top-k/top-p: two more fp32
 TRITON_BYTES_PER_SM_LOGIT = 4  # topk_topp_triton.py keeps one fp32 row of the vocabulary per SM
 PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
                                # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
-FUSION_WORKSPACE_GIB = 0.5     # FlashInfer all-reduce fusion workspace (TP > 1, Hopper and newer, from 0.17)
 
 
 def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = False) -> int:
@@ -51,21 +50,23 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    non_torch_single_gib: float = 0.229       # cuBLAS / attention workspaces, one GPU (V1)
-    non_torch_tp_gib: float = 2.11            # TP > 1 over NVLink (V1, 0.19 H100s): NCCL, all-reduce workspaces
+    non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1 from 0.17)
+    non_torch_single_early_gib: float = 0.134  # the same before 0.17 (0.10-0.12 logs)
+    non_torch_tp_gib: float = 2.1            # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
+    non_torch_tp_early_gib: float = 0.545      # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
     non_torch_v0_gib: float = 0.196            # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
-    nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.5              # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.0132       # per decoder layer on the rank, at the default capture sizes
-    graph_per_layer_tp_gib: float = 5.17e-05   # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 1.55         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.338           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
-    graph_est_per_layer_gib: float = 0.0157
+    nccl_init_gib: float = 1.16               # NCCL communicators created before the snapshot (V1 >= 0.11)
+    graph_base_gib: float = 0.497              # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.0131       # per decoder layer on the rank, at the default capture sizes
+    graph_per_layer_tp_gib: float = 0.0   # per decoder layer, the part sharded over TP ranks (/ tp)
+    graph_moe_gib_per_m: float = 1.76         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.294           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_per_layer_gib: float = 0.0162
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 0.954
+    graph_est_moe_gib_per_m: float = 1.17
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -77,7 +78,7 @@ SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.12, "cuda_graph_estimate": 0.32}
+ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.05, "cuda_graph_estimate": 0.25}
 
 
 def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
@@ -138,24 +139,26 @@ def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
                     interconnect: str = "nvlink", compute_capability: tuple[int, int] = (9, 0)) -> int:
-    """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py).
+    """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py), fitted per band.
 
-    With TP over NVLink the profile run creates PyTorch's NCCL communicator for the TP group (NVLS buffers on
-    NVSwitch systems) and, from 0.17 on Hopper and newer, FlashInfer's all-reduce fusion workspace; over PCIe
-    vLLM turns custom all-reduce off and NCCL keeps its buffers mostly in host memory."""
+    From 0.11 Worker.init_device sets up NCCL and custom all-reduce before the initial snapshot, so TP over NVLink
+    adds only what the profile run creates (PyTorch's TP-group communicator); from 0.17 on Hopper and newer the
+    profile run also creates FlashInfer's all-reduce fusion workspace. Over PCIe vLLM turns custom all-reduce off
+    and NCCL keeps its buffers mostly in host memory. Before 0.11 NCCL is set up inside the window: the 0.17+
+    figure stands in for it (no log of those versions with TP over NVLink is in the data)."""
     rel = release(version)
+    single = c.non_torch_single_gib if rel.flashinfer_allreduce_fusion else c.non_torch_single_early_gib
     if engine == "v0":
         gib = c.non_torch_v06_gib if rel.v0_counts_cuda_context else c.non_torch_v0_gib
     elif tp > 1 and interconnect == "pcie":
-        gib = c.non_torch_single_gib + PCIE_NCCL_GIB
+        gib = single + PCIE_NCCL_GIB
     elif tp > 1:
-        gib = c.non_torch_tp_gib
-        if not (rel.flashinfer_allreduce_fusion and compute_capability >= (9, 0)):
-            gib -= FUSION_WORKSPACE_GIB   # the fit is on vLLM 0.19 H100s, which have the workspace
+        fusion = rel.flashinfer_allreduce_fusion and compute_capability >= (9, 0)
+        gib = c.non_torch_tp_early_gib if rel.nccl_before_snapshot and not fusion else c.non_torch_tp_gib
     elif pp > 1:
         gib = c.non_torch_pp_only_gib
     else:
-        gib = c.non_torch_single_gib
+        gib = single
     return int(gib * GiB)
 
 
