@@ -98,10 +98,9 @@ def print_breakdown(console, report: MemoryReport) -> None:
                   f"{report.kv_cache_tokens:,} tokens; maximum concurrency for {report.max_model_len:,} tokens per "
                   f"request: {report.max_concurrency:.2f}x")
     if report.verdict == "at_risk":
-        risk = next((n[len("at risk: "):] for n in report.assumptions if n.startswith("at risk: ")), "")
-        console.print(f"[bold yellow]At risk:[/] {'vLLM starts at the predicted figures' if report.starts else report.error}"
-                      f"; the estimates' uncertainty reaches {risk}. Available KV memory "
-                      f"{report.kv_cache_low_bytes / GiB:.2f}-{report.kv_cache_high_bytes / GiB:.2f} GiB.")
+        outcome = "vLLM starts at the predicted figures" if report.starts else report.error
+        console.print(f"[bold yellow]At risk:[/] {outcome}, but the estimates' uncertainty reaches "
+                      f"{'; '.join(report.risks)}.")
     elif report.starts:
         console.print(f"[bold green]vLLM starts.[/] {report.headroom_bytes / GiB:.2f} GiB stays free on the tightest GPU.")
     else:

@@ -94,6 +94,7 @@ class MemoryReport:
     max_model_len: int
     starts: bool                 # vLLM's checks pass at the predicted figures
     verdict: str                 # "starts", "fails", or "at_risk" when the uncertainty straddles a limit
+    risks: tuple[str, ...]       # which limit the uncertainty straddles, and by how much
     kv_cache_low_bytes: int      # the range the available KV memory falls in, given the estimates' uncertainty
     kv_cache_high_bytes: int
     error: str | None
@@ -138,7 +139,8 @@ class MemoryReport:
             "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
             "max_concurrency": round(self.max_concurrency, 2), "max_model_len": self.max_model_len,
-            "starts": self.starts, "verdict": self.verdict, "kv_cache_gib_low": _gib(self.kv_cache_low_bytes),
+            "starts": self.starts, "verdict": self.verdict, "risks": list(self.risks),
+            "kv_cache_gib_low": _gib(self.kv_cache_low_bytes),
             "kv_cache_gib_high": _gib(self.kv_cache_high_bytes), "estimated_max_model_len": self.estimated_max_model_len,
             "error": self.error, "error_class": self.error_class, "headroom_gib": _gib(self.headroom_bytes),
             "config": self.config, "assumptions": list(self.assumptions), "warnings": list(self.warnings),
@@ -364,6 +366,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         start_used = total - free_memory_bytes
     offload_left = int(cfg.cpu_offload_gb * GiB)
     graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability)
+    kv_given = cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag
 
     workers: list[WorkerMemory] = []
     layouts: list[KvLayout] = []
@@ -381,7 +384,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
         graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
                                                             tp, graph_shape)
-        if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
+        if kv_given:
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
@@ -441,7 +444,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # weights - non-torch - "Free memory after profiling"), varying between identical runs, never above 98% of the
     # activation peak; gpt-oss-20b at 0.95 OOMed warming up the sampler with 2.02 GiB of them (record 059).
     cached = max(w.activation_peak_bytes for w in workers)
-    # A warning, not a verdict: no figure known before launch separates the one such failure from the runs that
+    # A warning, not a verdict: no figure known before launch separates the runs that failed here from those that
     # started with less to spare (benchmarks/plan_accuracy.py, README "Accuracy on real vLLM startups").
     if error is None and engine == "v1" and headroom < cached:
         deficit = cached - headroom
@@ -456,10 +459,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
 
     # The range of the available KV memory: the fitted figures' residuals, and in releases that use FlashInfer's
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
-    margin = (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
-              + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
-    if cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag:
-        margin = 0
+    margin = 0 if kv_given else (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
+        + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
     tight_worker = workers[tight]
     kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
     if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1:
@@ -479,8 +480,6 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             warnings.append(f"the KV cache holds one {max_len}-token request only if the estimated figures are not "
                             f"low: --max-model-len {shorter} starts at the low end of the range")
     verdict = "at_risk" if risks else ("starts" if error is None else "fails")
-    if risks:
-        notes.append("at risk: " + "; ".join(risks))
 
     concurrency = max_concurrency(layout, blocks, max_len, in_flight, version)
     report_tokens = kv_cache_tokens(layout, blocks, concurrency, max_len, version)
@@ -512,7 +511,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         config=resolved, total_memory_bytes=total, requested_memory_bytes=requested, start_used_bytes=start_used,
         workers=tuple(workers), cuda_graphs_in_budget=in_budget, num_gpu_blocks=blocks, block_size=block_size,
         kv_cache_tokens=report_tokens, max_concurrency=concurrency, max_model_len=max_len,
-        starts=error is None, verdict=verdict, kv_cache_low_bytes=kv_low, kv_cache_high_bytes=kv_high, error=error, error_class=error_class, estimated_max_model_len=estimated,
+        starts=error is None, verdict=verdict, risks=tuple(risks), kv_cache_low_bytes=kv_low,
+        kv_cache_high_bytes=kv_high, error=error, error_class=error_class, estimated_max_model_len=estimated,
         needed_kv_bytes=needed, headroom_bytes=int(headroom), assumptions=tuple(notes), provenance=provenance,
         warnings=tuple(warnings), kv_layout=layout, in_flight_tokens=in_flight,
     )
