@@ -129,3 +129,17 @@ def test_interconnect_overrides_the_catalog(capsys):
     main(base + ["--interconnect", "pcie"])
     pcie = json.loads(capsys.readouterr().out)
     assert pcie["non_torch_gib"] < nvlink["non_torch_gib"] and pcie["kv_cache_gib"] > nvlink["kv_cache_gib"]
+
+
+def test_at_risk_exits_3_with_the_range_and_the_reason(capsys):
+    import json
+    from oomguard.cli import main
+    argv = ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "l4", "--max-model-len", "34000",
+            "--vllm-version", "0.19.0"]
+    assert main(argv + ["--json"]) == 3
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "at_risk" and out["starts"] is True and out["risks"]
+    assert out["kv_cache_gib_low"] < out["kv_cache_gib"] < out["kv_cache_gib_high"]
+    assert main(argv) == 3 and "At risk" in capsys.readouterr().out
+    assert main(argv[:5] + ["30000"] + argv[6:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "starts"
