@@ -143,3 +143,25 @@ def test_at_risk_exits_3_with_the_range_and_the_reason(capsys):
     assert main(argv) == 3 and "At risk" in capsys.readouterr().out
     assert main(argv[:5] + ["30000"] + argv[6:] + ["--json"]) == 0
     assert json.loads(capsys.readouterr().out)["verdict"] == "starts"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--gpu-count", "0"], "--gpu-count must be at least 1"),
+    (["-tp", "0"], "--tensor-parallel-size must be a positive integer"),
+    (["--block-size", "7"], "--block-size 7 is not one vLLM"),
+    (["--block-size", "48", "--vllm-version", "0.12.0"], "use 1, 8, 16, 32, 64, 128, 256"),
+    (["--workload", ".", "--peak-concurrency", "4"], "is a directory"),
+])
+def test_bad_plan_input_is_one_line_and_exit_2(argv, says, capsys):
+    from oomguard.cli import main
+    assert main(["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_whole_command_in_one_quoted_argument(capsys):
+    import json
+    from oomguard.cli import main
+    assert main(["plan", "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 4096", "--gpu", "h100",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_model_len"] == 4096

@@ -99,6 +99,16 @@ def _lift_own_options(words: list[str], args: argparse.Namespace) -> list[str]:
     return rest
 
 
+def _split_quoted_command(text: str) -> list[str]:
+    import shlex
+
+    from oomguard.errors import UsageError
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"cannot read the pasted command ({exc}): check its quotes") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from oomguard.engines.vllm.flags import flags_from_args, parse_vllm_command
     from oomguard.errors import UsageError
@@ -108,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     if args.list_gpus or args.list_models:
         return render.print_catalogs(gpus=args.list_gpus, models=args.list_models)
     words = list(args.model)
+    if len(words) == 1 and words[0].split(None, 1)[0] in ("vllm", "python", "python3"):
+        words = _split_quoted_command(words[0])   # the whole command pasted as one quoted argument
+    if args.gpu_count is not None and args.gpu_count < 1:
+        raise UsageError(f"--gpu-count must be at least 1, got {args.gpu_count}")
     flags = flags_from_args(args)
     ignored: tuple[str, ...] = ()
     if len(words) > 1 or words[:1] and words[0] in ("vllm", "python", "python3"):
@@ -125,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if args.p99_tokens or args.peak_concurrency or args.workload:
         from oomguard.plan.recommend_command import run_recommend
         return run_recommend(args, words[0], flags)
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if flags.get(name, 1) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {flags[name]}")
     world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
         "data_parallel_size", 1)
     report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,

@@ -126,6 +126,8 @@ def workload_from_records(records: list[dict], path: str, peak_concurrency: int 
 def read_workload_file(path: str, **kwargs) -> Workload:
     """Read a JSONL of requests (one JSON object per line; blank lines skipped)."""
     file = Path(path)
+    if file.is_dir():
+        raise UsageError(f"workload {path!r} is a directory: give a JSONL file with one request per line")
     if not file.is_file():
         raise UsageError(f"workload file {path!r} not found: give a JSONL file with one request per line")
     records: list[tuple[int, dict]] = []

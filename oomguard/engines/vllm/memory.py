@@ -304,6 +304,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     """What vLLM `version` does with the memory of each GPU at startup, and whether it starts."""
     validate(model, cfg, gpu_count)
     rel = release(version)
+    if cfg.block_size is not None and (cfg.block_size not in rel.block_sizes if rel.block_sizes
+                                       else cfg.block_size % 16):
+        allowed = ", ".join(map(str, rel.block_sizes)) if rel.block_sizes else "a multiple of 16"
+        raise UsageError(f"--block-size {cfg.block_size} is not one vLLM {fmt(version)} takes: use {allowed}")
     engine = engine or rel.default_engine
     notes: list[str] = []
     warnings: list[str] = []

@@ -95,6 +95,7 @@ class VllmRelease:
     fit_reserves_one_block: bool         # the fit check keeps one block back (the null block)
     async_scheduling: bool               # in-flight tokens doubled (async scheduling on by default)
     v0_tokens_divided_by_pp: bool        # V0's max-tokens check divides blocks over pipeline stages
+    block_sizes: tuple[int, ...] | None  # --block-size choices; None: any multiple of 16 (the CUDA attention kernels')
     flashmla_block_64: bool              # FlashMLA's 64-token blocks on Hopper
     cutlass_mla_block_128: bool          # CUTLASS MLA's 128-token blocks on data-centre Blackwell
     mxfp4_triton_on_hopper: bool         # the wheel bundles triton_kernels for MXFP4 MoE on Hopper
@@ -179,6 +180,8 @@ def release(version: Version) -> VllmRelease:
         fit_reserves_one_block=_since(v, False, ((0, 30, 0), True)),        # kv_cache_utils null block
         async_scheduling=_since(v, False, ((0, 26, 0), True)),              # config/scheduler.py
         v0_tokens_divided_by_pp=_since(v, False, ((0, 10, 0), True)),       # worker/worker.py
+        block_sizes=_since(v, (8, 16, 32, 64, 128), ((0, 9, 0), (1, 8, 16, 32, 64, 128)),   # config/cache.py BlockSize
+                           ((0, 12, 0), (1, 8, 16, 32, 64, 128, 256)), ((0, 18, 0), None)),
         flashmla_block_64=(0, 8, 0) <= v < (0, 18, 0),                       # platforms/cuda.py
         cutlass_mla_block_128=_since(v, False, ((0, 10, 0), True)),         # platforms/cuda.py
         mxfp4_triton_on_hopper=_since(v, False, ((0, 12, 0), True)),        # quantization/mxfp4.py get_mxfp4_backend
