@@ -165,3 +165,16 @@ def test_a_whole_command_in_one_quoted_argument(capsys):
     assert main(["plan", "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 4096", "--gpu", "h100",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["max_model_len"] == 4096
+
+
+def test_a_pasted_command_keeps_every_option_it_had(capsys):
+    import json
+    from oomguard.cli import main
+    assert main(["plan", "--gpu", "h100", "--json", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                 "--host", "0.0.0.0", "--port", "8001", "--api-key", "sk-secret", "--tool-call-parser", "hermes",
+                 "--enable-auto-tool-choice", "--max-model-len", "4096"]) == 0
+    command = json.loads(capsys.readouterr().out)["command"]
+    for kept in ("--host 0.0.0.0", "--port 8001", "--tool-call-parser hermes", "--enable-auto-tool-choice",
+                 "--max-model-len 4096"):
+        assert kept in command
+    assert "sk-secret" not in command and '--api-key "$VLLM_API_KEY"' in command   # vLLM reads the variable too

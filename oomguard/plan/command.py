@@ -124,12 +124,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--gpu-count must be at least 1, got {args.gpu_count}")
     flags = flags_from_args(args)
     ignored: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
     if len(words) > 1 or words[:1] and words[0] in ("vllm", "python", "python3"):
         words = _lift_own_options(words, args)
         pasted = parse_vllm_command(words)
         words = [pasted.model] if pasted.model else []
         flags = {**pasted.flags, **flags}
-        ignored = pasted.ignored
+        ignored, extra = pasted.ignored, pasted.extra
     if not words and args.model_config:
         words = [None]
     if len(words) != 1:
@@ -147,5 +148,6 @@ def run(args: argparse.Namespace) -> int:
     report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
                      flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
                      free_memory_gib=args.free_memory, interconnect=args.interconnect)
-    render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"))
+    render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"),
+                        extra=extra)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

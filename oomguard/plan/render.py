@@ -46,12 +46,13 @@ def _bar(report: MemoryReport, width: int = 60):
 
 
 def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = (),
-                 quantization: str | None = None) -> None:
+                 quantization: str | None = None, extra: tuple[str, ...] = ()) -> None:
     """`quantization`: the --quantization the user gave (the report holds the resolved method, which a
-    pre-quantized checkpoint needs no flag for)."""
+    pre-quantized checkpoint needs no flag for); `extra`: the pasted command's other options, kept in the line."""
     data = report.to_dict()
     data["ignored_flags"] = list(ignored)
-    data["command"] = format_vllm_command(report.model_id, {**_command_flags(report), "quantization": quantization})
+    data["command"] = format_vllm_command(report.model_id, {**_command_flags(report), "quantization": quantization},
+                                          extra)
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -61,7 +62,7 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     console = Console()
     print_breakdown(console, report)
     if ignored:
-        console.print(f"[dim]ignored (not memory-relevant or not modelled): {' '.join(ignored)}[/]")
+        console.print(f"[dim]not memory-relevant or not modelled (kept in the command below): {' '.join(ignored)}[/]")
     console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
     console.print(f"\n  {data['command']}\n")
 

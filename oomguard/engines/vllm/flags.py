@@ -102,7 +102,8 @@ def flags_from_args(args: argparse.Namespace) -> dict:
 class VllmCommand:
     model: str | None
     flags: dict
-    ignored: tuple[str, ...]
+    ignored: tuple[str, ...]        # the options oomguard does not model, by name
+    extra: tuple[str, ...] = ()     # those options with their values, verbatim, for a rewritten command
 
 
 class _QuietParser(argparse.ArgumentParser):
@@ -130,11 +131,12 @@ def parse_vllm_command(argv: list[str] | str) -> VllmCommand:
     args, unknown = parser.parse_known_args(words)
     model = args.model_flag or args.model_pos
     ignored = tuple(u for u in unknown if u.startswith("-"))
-    return VllmCommand(model=model, flags=flags_from_args(args), ignored=ignored)
+    return VllmCommand(model=model, flags=flags_from_args(args), ignored=ignored, extra=tuple(unknown))
 
 
-def format_vllm_command(model: str, flags: dict) -> str:
-    """A `vllm serve` line with vLLM's spellings, flags in the table's order."""
+def format_vllm_command(model: str, flags: dict, extra: tuple[str, ...] = ()) -> str:
+    """A `vllm serve` line with vLLM's spellings, flags in the table's order, then `extra` (the user's other options,
+    verbatim, except an --api-key value, which becomes $VLLM_API_KEY: vLLM reads that variable too)."""
     parts = ["vllm", "serve", shlex.quote(model)]
     for flag, value in _set_flags(flags):
         option = flag.options[0]
@@ -142,6 +144,15 @@ def format_vllm_command(model: str, flags: dict) -> str:
             parts.append(option if value else f"--no-{option[2:]}")
         else:
             parts += [option, shlex.quote(str(value))]
+    hide_next = False
+    for word in extra:
+        if hide_next:
+            parts.append('"$VLLM_API_KEY"')
+        elif word.startswith("--api-key="):
+            parts.append('--api-key="$VLLM_API_KEY"')
+        else:
+            parts.append(shlex.quote(word))
+        hide_next = word == "--api-key"
     return " ".join(parts)
 
 
