@@ -178,3 +178,14 @@ def test_a_pasted_command_keeps_every_option_it_had(capsys):
                  "--max-model-len 4096"):
         assert kept in command
     assert "sk-secret" not in command and '--api-key "$VLLM_API_KEY"' in command   # vLLM reads the variable too
+
+
+def test_format_yaml_and_llm_class_without_a_workload(capsys):
+    from oomguard.cli import main
+    base = ["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--max-model-len", "4096"]
+    assert main(base + ["--format", "yaml"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == 'model: "meta-llama/Llama-3.1-8B-Instruct"' and "max-model-len: 4096" in lines
+    assert main(base + ["--llm-class"]) == 0
+    out = capsys.readouterr().out
+    assert "LLM(model='meta-llama/Llama-3.1-8B-Instruct'" in out and "vllm serve" not in out

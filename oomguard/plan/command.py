@@ -148,6 +148,6 @@ def run(args: argparse.Namespace) -> int:
     report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
                      flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
                      free_memory_gib=args.free_memory, interconnect=args.interconnect)
-    render.print_report(report, as_json=args.json, ignored=ignored, quantization=flags.get("quantization"),
-                        extra=extra)
+    render.print_report(report, as_json=args.json or args.format == "json", ignored=ignored,
+                        quantization=flags.get("quantization"), extra=extra, output=args.format)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from oomguard.engines.vllm.flags import format_vllm_command
+from oomguard.engines.vllm.flags import format_llm_kwargs, format_vllm_command, format_yaml_config
 from oomguard.engines.vllm.memory import MemoryReport
 from oomguard.units import GiB
 
@@ -46,13 +46,19 @@ def _bar(report: MemoryReport, width: int = 60):
 
 
 def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = (),
-                 quantization: str | None = None, extra: tuple[str, ...] = ()) -> None:
+                 quantization: str | None = None, extra: tuple[str, ...] = (), output: str = "table") -> None:
     """`quantization`: the --quantization the user gave (the report holds the resolved method, which a
-    pre-quantized checkpoint needs no flag for); `extra`: the pasted command's other options, kept in the line."""
+    pre-quantized checkpoint needs no flag for); `extra`: the pasted command's other options, kept in the line;
+    `output` "yaml": only the file for `vllm serve --config`."""
     data = report.to_dict()
     data["ignored_flags"] = list(ignored)
-    data["command"] = format_vllm_command(report.model_id, {**_command_flags(report), "quantization": quantization},
-                                          extra)
+    flags = {**_command_flags(report), "quantization": quantization}
+    data["command"] = format_vllm_command(report.model_id, flags, extra)
+    data["llm_kwargs"] = format_llm_kwargs(report.model_id, flags)
+    data["yaml"] = format_yaml_config(report.model_id, flags)
+    if output == "yaml":
+        sys.stdout.write(data["yaml"])
+        return
     if as_json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -64,7 +70,8 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     if ignored:
         console.print(f"[dim]not memory-relevant or not modelled (kept in the command below): {' '.join(ignored)}[/]")
     console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
-    console.print(f"\n  {data['command']}\n")
+    # the LLM class takes keyword arguments; `vllm serve` the command line
+    console.print(f"\n  {data['llm_kwargs'] if report.config['usage_context'] == 'llm' else data['command']}\n")
 
 
 def print_breakdown(console, report: MemoryReport) -> None:

@@ -509,6 +509,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         "kv_cache_dtype": cfg.kv_cache_dtype, "block_size": block_size, "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": cfg.enable_prefix_caching, "cpu_offload_gb": cfg.cpu_offload_gb,
         "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes, "enable_expert_parallel": cfg.enable_expert_parallel,
+        "usage_context": cfg.usage_context,
     }
     return MemoryReport(
         model_id=model.model_id, gpu_name=gpu.name, gpu_count=gpu_count, vllm_version=fmt(version), engine=engine,
