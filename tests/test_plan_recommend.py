@@ -318,3 +318,15 @@ def test_fixes_for_real_startup_failures_would_start():
             assert fixed.config.max_model_len <= estimate, record["id"]
         checked += 1
     assert checked >= 1
+
+
+def test_default_keeps_the_named_model_at_its_precision_when_it_fits():
+    # 70B on 8 x H100: a 4-bit copy fits one GPU, but the model asked for runs in bf16 on four with room to spare
+    model, result = _search("meta-llama/Llama-3.1-70B-Instruct", "h100", 8, 7400, 32)
+    best = result.best
+    assert result.objective == "keep-model"
+    assert best.checkpoint.label == "bf16" and not best.checkpoint.other_checkpoint
+    assert best.config.kv_cache_dtype == "auto" and not best.config.enforce_eager
+    assert best.held >= 1.5 * 32
+    fewest = _search("meta-llama/Llama-3.1-70B-Instruct", "h100", 8, 7400, 32, objective="fewest-gpus")[1].best
+    assert fewest.gpus < best.gpus                                    # the objective that asks for it may trade

@@ -43,8 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-tokens-out", type=_count, metavar="N", help="the most output tokens a request asks for")
     group.add_argument("--workload", metavar="FILE",
                        help="JSONL of real requests (prompt_tokens/output_tokens or prompt text; start/end times)")
-    group.add_argument("--objective", default="fewest-gpus", choices=("fewest-gpus", "most-headroom", "max-throughput"),
-                       help="how to rank the configurations that fit (default: fewest-gpus)")
+    group.add_argument("--objective", default="keep-model",
+                       choices=("keep-model", "fewest-gpus", "most-headroom", "max-throughput"),
+                       help="how to rank the configurations that fit (default keep-model: the model you named at its "
+                            "precision on the fewest GPUs, another checkpoint only when it cannot serve the peak)")
     group.add_argument("--top", type=_count, default=3, metavar="N", help="configurations to show (default 3)")
     group.add_argument("--format", choices=("table", "json", "yaml"), default="table",
                        help="yaml: a file for `vllm serve --config`; json: as --json")

@@ -25,7 +25,9 @@ from oomguard.models.spec import ModelSpec
 from oomguard.plan.speed import Speed, decode_speed
 from oomguard.plan.workload import Workload
 
-OBJECTIVES = ("fewest-gpus", "most-headroom", "max-throughput")
+# keep-model (the default): the checkpoint the user named at its own precision, on the fewest GPUs, whenever it serves
+# the peak; else the least loss of fidelity (fp8 KV, then 8-bit, then 4-bit weights). The others rank every candidate.
+OBJECTIVES = ("keep-model", "fewest-gpus", "most-headroom", "max-throughput")
 UTILIZATIONS = (0.90, 0.95)        # the seeds' 0.80-0.95 band: vLLM's usual default first, 0.95 only to fit
 UTILIZATION_MARGIN = 0.01          # below the free fraction on a shared GPU, for the other process's growth
 PREFIX_CACHING_PAYS = 0.30         # the seeds: a prefix-cache hit rate under 30% does not pay for itself
@@ -205,7 +207,7 @@ def _may_relieve(candidate: Candidate, change: dict) -> bool:
 
 
 def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, version: Version,
-           objective: str = "fewest-gpus", *, variants: list[ModelSpec] = (), free_memory_bytes: int | None = None,
+           objective: str = "keep-model", *, variants: list[ModelSpec] = (), free_memory_bytes: int | None = None,
            usage_context: str = "serve", fixed: dict | None = None) -> SearchResult:
     """Every candidate configuration, feasible ones first in `objective` order, then the closest misses.
 
@@ -278,11 +280,13 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
 def _key(candidate: Candidate, objective: str, workload: Workload):
     tps = candidate.speed.decode_tokens_per_s if candidate.speed else 0.0
     eager = bool(candidate.config.enforce_eager)
+    if objective == "keep-model":
+        return (candidate.rank_cost, eager, candidate.gpus, candidate.config.gpu_memory_utilization, -tps)
     if objective == "fewest-gpus":
         return (candidate.gpus, candidate.rank_cost, eager, -tps)
     if objective == "most-headroom":
         return (-candidate.held / workload.peak_concurrency, candidate.rank_cost, candidate.gpus, -tps)
-    return (-tps, candidate.gpus, candidate.rank_cost)
+    return (eager, -tps, candidate.gpus, candidate.rank_cost)   # eager decode is slower than the roofline says
 
 
 def rank(candidates: list[Candidate], objective: str, workload: Workload) -> list[Candidate]:
@@ -301,7 +305,7 @@ def _with_reason(c: Candidate, objective: str, workload: Workload, leader: Candi
     tps = c.speed.decode_tokens_per_s if c.speed else 0
     gpus = f"{c.gpus} GPU{'s' if c.gpus > 1 else ''}"
     prec = c.checkpoint.label + (", fp8 KV" if c.config.kv_cache_dtype == "fp8" else "")
-    if objective == "fewest-gpus":
+    if objective in ("keep-model", "fewest-gpus"):
         head = f"{gpus} ({prec})" if leader is None else f"{gpus} vs {leader.gpus}" if c.gpus > leader.gpus else \
             f"same {gpus}, {prec}"
     elif objective == "most-headroom":
