@@ -189,3 +189,20 @@ def test_format_yaml_and_llm_class_without_a_workload(capsys):
     assert main(base + ["--llm-class"]) == 0
     out = capsys.readouterr().out
     assert "LLM(model='meta-llama/Llama-3.1-8B-Instruct'" in out and "vllm serve" not in out
+
+
+def test_a_failing_plan_names_the_nearest_configuration_that_starts(capsys):
+    import json
+    from oomguard.cli import main
+    # four GPUs given, no -tp: vLLM would load 70B on one and fail; the planner says TP 4 starts
+    argv = ["plan", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "h100", "--gpu-count", "4", "--max-model-len",
+            "32768", "--vllm-version", "0.19.0", "--json"]
+    assert main(argv) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "fails" and out["nearest_start"]["changes"] == {"tensor_parallel_size": 4}
+    assert "--tensor-parallel-size 4" in out["nearest_start"]["command"]
+    # a context too long for one RTX 4090: a shorter one that vLLM's estimate allows
+    assert main(["plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "rtx4090", "--vllm-version", "0.19.0",
+                 "--json"]) == 1
+    near = json.loads(capsys.readouterr().out)["nearest_start"]
+    assert near["verdict"] == "starts" and near["max_model_len"] < 131072

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from oomguard.engines.vllm.flags import flags_from_args, parse_vllm_command
     from oomguard.errors import UsageError
     from oomguard.plan import render
-    from oomguard.plan.api import predict
+    from oomguard.plan.api import engine_config, predict, resolve_gpu, resolve_model
 
     if args.list_gpus or args.list_models:
         return render.print_catalogs(gpus=args.list_gpus, models=args.list_models)
@@ -147,9 +147,18 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {flags[name]}")
     world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
         "data_parallel_size", 1)
-    report = predict(words[0], args.gpu, gpu_count=args.gpu_count or world, vllm_version=args.vllm_version,
-                     flags=flags, model_config=args.model_config, gpu_memory_gib=args.gpu_memory,
-                     free_memory_gib=args.free_memory, interconnect=args.interconnect)
+    model = resolve_model(words[0], args.model_config)
+    gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
+    gpu_count = args.gpu_count or world
+    report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
+                     free_memory_gib=args.free_memory)
+    nearest = None
+    if report.verdict == "fails":
+        from oomguard.plan.nearest import nearest_start
+        from oomguard.engines.vllm.versions import parse_version, NEWEST
+        free = int(args.free_memory * 2**30) if args.free_memory is not None else None
+        nearest = nearest_start(model, gpu, engine_config(flags), parse_version(args.vllm_version) if
+                                args.vllm_version else NEWEST, gpu_count, report, free)
     render.print_report(report, as_json=args.json or args.format == "json", ignored=ignored,
-                        quantization=flags.get("quantization"), extra=extra, output=args.format)
+                        quantization=flags.get("quantization"), extra=extra, output=args.format, nearest=nearest)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

@@ -46,7 +46,8 @@ def _bar(report: MemoryReport, width: int = 60):
 
 
 def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str, ...] = (),
-                 quantization: str | None = None, extra: tuple[str, ...] = (), output: str = "table") -> None:
+                 quantization: str | None = None, extra: tuple[str, ...] = (), output: str = "table",
+                 nearest=None) -> None:
     """`quantization`: the --quantization the user gave (the report holds the resolved method, which a
     pre-quantized checkpoint needs no flag for); `extra`: the pasted command's other options, kept in the line;
     `output` "yaml": only the file for `vllm serve --config`."""
@@ -56,6 +57,10 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     data["command"] = format_vllm_command(report.model_id, flags, extra)
     data["llm_kwargs"] = format_llm_kwargs(report.model_id, flags)
     data["yaml"] = format_yaml_config(report.model_id, flags)
+    if nearest is not None:   # a failing plan: the nearest configuration that starts (plan/nearest.py)
+        data["nearest_start"] = {**nearest.to_dict(), "command": format_vllm_command(
+            report.model_id, {**_command_flags(nearest.report), "quantization": nearest.changes.get(
+                "quantization", quantization)}, extra)}
     if output == "yaml":
         sys.stdout.write(data["yaml"])
         return
@@ -69,6 +74,15 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     print_breakdown(console, report)
     if ignored:
         console.print(f"[dim]not memory-relevant or not modelled (kept in the command below): {' '.join(ignored)}[/]")
+    if nearest is not None:
+        n = data["nearest_start"]
+        change = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in n["changes"].items())
+        console.print(f"[bold]Nearest configuration that starts:[/] {change} (KV cache {n['kv_cache_gib']} GiB, "
+                      f"{n['kv_cache_tokens']:,} tokens, {n['max_concurrency']}x requests of "
+                      f"{n['max_model_len']:,} tokens)\n  {n['command']}")
+    elif report.verdict == "fails":
+        console.print("[bold]No single change or pair of changes makes it start on these GPUs[/] (more GPUs, a "
+                      "smaller checkpoint, or `oomguard plan ... --p99-tokens N --peak-concurrency C` to search)")
     console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")
     # the LLM class takes keyword arguments; `vllm serve` the command line
     console.print(f"\n  {data['llm_kwargs'] if report.config['usage_context'] == 'llm' else data['command']}\n")
