@@ -10,19 +10,21 @@ from oomguard.engines.vllm.memory import MemoryReport
 from oomguard.units import GiB
 
 # (label, colour) of each slice of the bar, in the order vLLM fills the GPU
-_SLICES = (("context", "grey50"), ("weights", "blue"), ("activation", "magenta"), ("non-torch", "yellow"),
-           ("graphs", "cyan"), ("KV cache", "green"), ("free", "grey23"))
+_SLICES = (("in use before vLLM", "grey50"), ("weights", "blue"), ("non-torch", "yellow"), ("graphs", "cyan"),
+           ("KV cache", "green"), ("warm-up peak", "magenta"), ("free", "grey23"))
 
 
 def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
-    """Bytes of each slice of the first GPU's memory once vLLM is up."""
+    """Bytes of each slice of the first GPU once vLLM is up: what other processes and the CUDA context held before
+    it started, its allocations, the transient peak of the sampler warm-up, and what stays free (the same figure
+    the verdict line gives)."""
     w = report.first
     kv = max(report.num_gpu_blocks * w.bytes_per_block, 0)
-    used = report.start_used_bytes + w.weights_bytes + w.activation_peak_bytes + w.non_torch_bytes + \
-        w.cuda_graph_bytes + kv
-    return [("context", report.start_used_bytes), ("weights", w.weights_bytes),
-            ("activation", w.activation_peak_bytes), ("non-torch", w.non_torch_bytes),
-            ("graphs", w.cuda_graph_bytes), ("KV cache", kv), ("free", max(report.total_memory_bytes - used, 0))]
+    free = max(report.headroom_bytes, 0)
+    held = report.start_used_bytes + w.weights_bytes + w.non_torch_bytes + w.cuda_graph_bytes + kv
+    return [("in use before vLLM", report.start_used_bytes), ("weights", w.weights_bytes),
+            ("non-torch", w.non_torch_bytes), ("graphs", w.cuda_graph_bytes), ("KV cache", kv),
+            ("warm-up peak", max(report.total_memory_bytes - held - free, 0)), ("free", free)]
 
 
 def _bar(report: MemoryReport, width: int = 60):
@@ -116,9 +118,19 @@ def print_breakdown(console, report: MemoryReport) -> None:
     bar, legend = _bar(report)
     console.print(bar)
     console.print(legend)
-    console.print(f"KV cache: {report.num_gpu_blocks:,} blocks of {report.block_size} tokens = "
-                  f"{report.kv_cache_tokens:,} tokens; maximum concurrency for {report.max_model_len:,} tokens per "
-                  f"request: {report.max_concurrency:.2f}x")
+    groups = len(report.kv_layout.groups) if report.kv_layout else 1
+    if groups > 1 or report.kv_cache_tokens != report.num_gpu_blocks * report.block_size:
+        # hybrid layouts share each block among layer groups; vLLM's token figure is its own arithmetic
+        how = ("concurrency x max_model_len" if report.kv_cache_tokens == int(report.max_concurrency *
+                                                                              report.max_model_len)
+               else f"blocks / {groups} layer groups x block size")
+        console.print(f"KV cache: {report.num_gpu_blocks:,} blocks of {report.block_size} tokens, each shared by "
+                      f"{groups} layer group(s); vLLM reports {report.kv_cache_tokens:,} tokens ({how}); maximum "
+                      f"concurrency for {report.max_model_len:,} tokens per request: {report.max_concurrency:.2f}x")
+    else:
+        console.print(f"KV cache: {report.num_gpu_blocks:,} blocks of {report.block_size} tokens = "
+                      f"{report.kv_cache_tokens:,} tokens; maximum concurrency for {report.max_model_len:,} tokens "
+                      f"per request: {report.max_concurrency:.2f}x")
     if report.verdict == "at_risk":
         outcome = "vLLM starts at the predicted figures" if report.starts else report.error
         console.print(f"[bold yellow]At risk:[/] {outcome}, but the estimates' uncertainty reaches "
