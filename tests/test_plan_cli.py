@@ -206,3 +206,17 @@ def test_a_failing_plan_names_the_nearest_configuration_that_starts(capsys):
                  "--json"]) == 1
     near = json.loads(capsys.readouterr().out)["nearest_start"]
     assert near["verdict"] == "starts" and near["max_model_len"] < 131072
+
+
+def test_the_bar_and_the_verdict_give_one_free_figure_and_hybrid_tokens_are_explained(capsys):
+    from oomguard.cli import main
+    from oomguard.engines.vllm.memory import EngineConfig, predict
+    from oomguard.gpus.catalog import resolve_gpu
+    from oomguard.models.load import from_catalog
+    from oomguard.plan.render import memory_slices
+    report = predict(from_catalog("openai/gpt-oss-20b"), resolve_gpu("h100"), EngineConfig(), (0, 19, 0))
+    slices = dict(memory_slices(report))
+    assert slices["free"] == report.headroom_bytes and sum(slices.values()) == report.total_memory_bytes
+    assert main(["plan", "openai/gpt-oss-20b", "--gpu", "h100", "--vllm-version", "0.19.0"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "shared by 2 layer group(s)" in out and f"{report.kv_cache_tokens:,} tokens" in out
