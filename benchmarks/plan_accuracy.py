@@ -33,6 +33,7 @@ from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: 
 from oomguard.errors import UsageError  # noqa: E402
 from oomguard.gpus.catalog import resolve_gpu  # noqa: E402
 from oomguard.models.load import catalog_entry, from_catalog  # noqa: E402
+from oomguard.models.resolve import resolve_by_name  # noqa: E402
 from oomguard.units import GiB  # noqa: E402
 
 DEFAULT_DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
@@ -73,8 +74,8 @@ def record_inputs(r: dict):
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
     if "fork" in str(r["vllm_version"]):
         raise LookupError("a fork of vLLM, not modelled")
-    if catalog_entry(r["model"]) is None:
-        raise LookupError(f"model {r['model']} not in the catalog")
+    if catalog_entry(r["model"]) is None and resolve_by_name(r["model"]) is None:
+        raise LookupError(f"model {r['model']} not in the catalog (nor named after a catalog model)")
     try:
         gpu = resolve_gpu(r.get("gpu_model") or "")
     except UsageError as exc:
@@ -93,7 +94,7 @@ def record_inputs(r: dict):
         quantization=quant if quant in _QUANT_WORDS else None,
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
-    model = from_catalog(r["model"])
+    model = from_catalog(r["model"]) if catalog_entry(r["model"]) else resolve_by_name(r["model"])
     if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
         cfg = replace(cfg, quantization=None)
     gpus = max(r.get("num_gpus") or 1, cfg.tensor_parallel_size * cfg.pipeline_parallel_size)
@@ -228,6 +229,7 @@ def summarize(cases: list[Case]) -> dict:
         target["verdict_accuracy"] = sum(verdicts) / len(verdicts) if verdicts else float("nan")
     summary["verdict_misses"] = [c.record["id"] for c in modelled if not verdict_right(c)]
     summary["at_risk"] = [c.record["id"] for c in modelled if c.predicted["verdict"] == "at_risk"]
+    summary["resolved_by_name"] = [c.record["id"] for c in modelled if catalog_entry(c.record["model"]) is None]
     summary["skipped"] = [(c.record["id"], c.skip) for c in cases if c.skip]
     return summary
 
@@ -251,6 +253,8 @@ def print_table(summary: dict) -> None:
     if summary["verdict_misses"]:
         print(f"\nverdict misses: {', '.join(summary['verdict_misses'])}")
     print(f"at risk: {len(summary['at_risk'])} of {summary['modelled']} ({', '.join(summary['at_risk']) or 'none'})")
+    print(f"planned as the catalog model their name states: {len(summary['resolved_by_name'])} "
+          f"({', '.join(summary['resolved_by_name']) or 'none'})")
     print("\nskipped:")
     for rid, why in summary["skipped"]:
         print(f"  {rid}: {why}")

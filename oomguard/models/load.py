@@ -130,13 +130,21 @@ def from_hub(model_id: str) -> ModelSpec | None:
     return parse_config(config, model_id, weights, f"hub:{model_id}")
 
 
-def load_model(model: str | None, model_config: str | None = None) -> ModelSpec:
+def load_model(model: str | None, model_config: str | None = None, like: str | None = None) -> ModelSpec:
+    """The catalog's entry, a local directory, the hub (when reachable), else the catalog model the id names."""
+    from oomguard.models.resolve import resolve_by_name
+
     if model_config:
         return from_path(model_config, model)
     if not model:
         raise UsageError("give a model id (e.g. meta-llama/Llama-3.1-8B-Instruct) or --model-config PATH")
+    if like is not None:
+        resolved = resolve_by_name(model, like)
+        if resolved is None:
+            raise UsageError(f"--like {like!r} is not in the offline catalog: see oomguard plan --list-models")
+        return resolved
     if catalog_entry(model) is not None:
         return from_catalog(model)
     if Path(model).expanduser().is_dir():
         return from_path(model)
-    return from_hub(model) or from_catalog(model)
+    return from_hub(model) or resolve_by_name(model) or from_catalog(model)

@@ -174,6 +174,7 @@ class ModelSpec:
     rotary_dim: int = 0
     checkpoint_bytes: int | None = None          # exact, from safetensors metadata, when known
     source: str = ""
+    resolved_from: str = ""                      # the catalog model this id was planned as (models/resolve.py)
 
     @property
     def dtype_bytes(self) -> int:

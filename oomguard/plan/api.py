@@ -48,11 +48,11 @@ def _resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None) -> Gpu
     return catalog.resolve_gpu(gpu)
 
 
-def resolve_model(model: str | ModelSpec | None, model_config: str | None = None) -> ModelSpec:
+def resolve_model(model: str | ModelSpec | None, model_config: str | None = None, like: str | None = None) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     from oomguard.models.load import load_model
-    return load_model(model, model_config)
+    return load_model(model, model_config, like)
 
 
 def predict(model: str | ModelSpec | None, gpu: str | GpuSpec | None = None, *, gpu_count: int = 1,

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and PCIe boards: pcie). vLLM's custom all-reduce and NVLink buffers exist only on nvlink")
     parser.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to model (default: newest modelled)")
     parser.add_argument("--model-config", metavar="PATH", help="a config.json or a model directory")
+    parser.add_argument("--like", metavar="MODEL",
+                        help="plan an id the catalog lacks (a fine-tune, a re-upload) as this catalog model, quantized "
+                             "as its name says (-AWQ, -GPTQ-Int4, -FP8, -w4a16, -bnb-4bit, ...)")
     parser.add_argument("--llm-class", action="store_true",
                         help="model the LLM(...) Python class instead of `vllm serve` (different batch defaults)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {flags[name]}")
     world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
         "data_parallel_size", 1)
-    model = resolve_model(words[0], args.model_config)
+    model = resolve_model(words[0], args.model_config, args.like)
     gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
     gpu_count = args.gpu_count or world
     report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,

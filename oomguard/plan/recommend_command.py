@@ -54,7 +54,7 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -
     from oomguard.plan.render_recommend import print_recommendation
 
     workload = workload_from_args(args)
-    model = resolve_model(model_id, args.model_config)
+    model = resolve_model(model_id, args.model_config, args.like)
     gpu, gpu_count, free, notes = _machine(args)
     if free is not None and not 0 < free <= gpu.total_memory_bytes:
         raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu.total_memory_bytes / GiB:.2f} GiB")

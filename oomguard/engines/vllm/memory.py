@@ -314,6 +314,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel)
     total = gpu.total_memory_bytes
+    if model.resolved_from:
+        how = f" with {model.quant.method} {model.quant.bits}-bit weights" if model.quant else ""
+        notes.append(f"{model.model_id} is not in the catalog: planned as {model.resolved_from}{how}")
     dtype, dtype_notes = resolve_dtype(model, cfg, gpu)
     notes += dtype_notes
     act_bytes = DTYPE_BYTES[dtype]
@@ -492,7 +495,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                      f"vLLM {fmt(version)}")
     estimate = "estimate (fitted to real vLLM startup logs)"
     provenance = {
-        "weights_gib": "exact arithmetic from config.json" + (" (vision tower estimated)" if model.vision else ""),
+        "weights_gib": (f"estimate: {model.resolved_from}'s config.json, quantized as the name says"
+                        if model.resolved_from else "exact arithmetic from config.json")
+        + (" (vision tower estimated)" if model.vision else ""),
         "activation_peak_gib": "estimate (the sampler warm-up from this release's code, the forward pass fitted to "
                                "real vLLM startup logs)", "non_torch_gib": estimate, "cuda_graph_gib": estimate,
         "kv_cache_range_gib": "the fitted figures' 90th-percentile residuals (and FlashInfer's sampler, where the "

@@ -1,0 +1,55 @@
+"""An id the catalog lacks, planned as the catalog model it names: fine-tunes, re-uploads, community quantized copies.
+
+"unsloth/Qwen2.5-7B-Instruct-bnb-4bit" is Qwen/Qwen2.5-7B-Instruct with bitsandbytes 4-bit weights; "Qwen/Qwen3-8B-FP8"
+is Qwen/Qwen3-8B in float8. The name, less its publisher and its quantization suffix, must equal a catalog model's
+(variants.base_name); the quantization comes from the suffix. `like` names the base outright (`--like MODEL`) for
+names that differ. Every plan made this way says so in its assumptions, and its weights are an estimate.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from oomguard.models.spec import ModelSpec, QuantSpec
+from oomguard.models.variants import base_name
+
+# name suffix (lower case) -> how such checkpoints store their linear weights, most specific first; lm_head and
+# embeddings stay in 16 bits in all of them (AutoAWQ, AutoGPTQ, llm-compressor, ModelOpt, bitsandbytes defaults)
+_NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
+    (r"awq", QuantSpec("awq", 4, group_size=128, zero_point=True)),
+    (r"gptq[-_.]?int8|gptq[-_.]?8bit", QuantSpec("gptq", 8, group_size=128)),
+    (r"gptq", QuantSpec("gptq", 4, group_size=128)),
+    (r"w4a16|int4", QuantSpec("compressed-tensors", 4, group_size=128, ignored=("lm_head",))),
+    (r"w8a8|w8a16|int8", QuantSpec("compressed-tensors", 8, ignored=("lm_head",))),
+    (r"nvfp4", QuantSpec("modelopt_fp4", 4, group_size=16, scale_bytes=1, ignored=("lm_head",))),
+    (r"fp8", QuantSpec("fp8", 8, scale_bytes=4, ignored=("lm_head",))),
+    (r"bnb|4bit", QuantSpec("bitsandbytes", 4, group_size=64, scale_bytes=1 + 4 / 256)),
+)
+
+
+def quant_from_name(model_id: str) -> QuantSpec | None:
+    name = model_id.rsplit("/", 1)[-1].lower()
+    suffix = name[len(base_name(model_id)):] if name.startswith(base_name(model_id)) else name
+    return next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
+
+
+def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
+    """The catalog model `model_id` names (or `like`), with the quantization its name states; None if none."""
+    from oomguard.models.load import catalog_entry, catalog_ids, from_catalog
+
+    if like is not None:
+        if catalog_entry(like) is None:
+            return None
+        base = from_catalog(like)
+    else:
+        wanted = base_name(model_id)
+        ids = sorted({name[:-5].replace("--", "/", 1) for name in catalog_ids().values()})
+        matches = [i for i in ids if base_name(i) == wanted and not quant_from_name(i)]
+        if not matches:
+            return None
+        base = from_catalog(matches[0])
+    quant = quant_from_name(model_id) or base.quant
+    return replace(base, model_id=model_id, quant=quant, resolved_from=base.model_id,
+                   source=f"{base.source} (as {base.model_id})", checkpoint_bytes=None if quant != base.quant else
+                   base.checkpoint_bytes)
