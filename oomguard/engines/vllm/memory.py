@@ -385,7 +385,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             weights -= moved
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
                                                    stage == pp - 1, act_bytes, version, gpu.multiprocessors,
-                                                   coefficients)
+                                                   coefficients, engine)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability)
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)

@@ -94,14 +94,16 @@ def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) 
 
 
 def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
-                       c: ProfileCoefficients = COEFFICIENTS) -> float:
+                       c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1") -> float:
     """Peak of the eager forward pass over `tokens` tokens on one TP rank: per-token activations of the dense MLP
-    (or a MoE model's shared experts) and, for MoE, the fused-MoE workspace."""
+    (or a MoE model's shared experts) and, for MoE, the fused-MoE workspace. The V1 figure is fitted (its compiled
+    graph keeps more buffers alive); V0 runs plain PyTorch modules, whose MLP holds what the code says."""
+    per_inter = c.forward_bytes_per_inter if engine == "v1" else SOURCE_PRIORS["forward_bytes_per_inter"]
     per_token = c.forward_bytes_per_hidden * model.hidden_size
     if model.moe and any(model.moe.moe_layers):
-        per_token += c.forward_bytes_per_inter * model.moe.shared_intermediate_size / tp
+        per_token += per_inter * model.moe.shared_intermediate_size / tp
     else:
-        per_token += c.forward_bytes_per_inter * model.intermediate_size / tp
+        per_token += per_inter * model.intermediate_size / tp
     return tokens * per_token * act_bytes + moe_workspace_bytes(model, tokens, tp, act_bytes)
 
 
@@ -115,9 +117,9 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocess
 
 def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
-                          c: ProfileCoefficients = COEFFICIENTS) -> tuple[float, float]:
+                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1") -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
-    forward = forward_peak_bytes(model, tokens, tp, act_bytes, c)
+    forward = forward_peak_bytes(model, tokens, tp, act_bytes, c, engine)
     # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
     # and the lm_head's input copy (gpu_model_runner._dummy_sampler_run / compute_logits)
     hidden_alive = (tokens + 2 * num_reqs) * model.hidden_size * act_bytes
@@ -131,10 +133,10 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 
 def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
-                          c: ProfileCoefficients = COEFFICIENTS) -> int:
+                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1") -> int:
     """torch peak increase during profile_run on one worker: the larger of the two candidates."""
     return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, version,
-                                         multiprocessors, c)))
+                                         multiprocessors, c, engine)))
 
 
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
