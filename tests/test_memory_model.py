@@ -268,3 +268,9 @@ def test_small_max_num_seqs_captures_fewer_graphs():
     default = run(version=(0, 20, 0))
     assert small.first.cuda_graph_estimate_bytes < default.first.cuda_graph_estimate_bytes
     assert small.first.kv_cache_bytes > default.first.kv_cache_bytes
+
+
+def test_v1_before_0_9_1_counts_the_cuda_context_as_non_torch_memory():
+    # gpu_worker.determine_available_memory 0.8.0-0.9.0: non-torch = (total - free) - allocated, context included
+    raw, profiled = run(version=(0, 8, 5)), run(version=(0, 9, 1))
+    assert raw.first.non_torch_bytes - profiled.first.non_torch_bytes == raw.start_used_bytes

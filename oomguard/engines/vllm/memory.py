@@ -388,6 +388,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                    coefficients, engine)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability)
+        if engine == "v1" and rel.non_torch_includes_baseline:  # the raw formula: all but live torch tensors
+            non_torch += start_used
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
         graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
                                                             tp, graph_shape)

@@ -66,6 +66,7 @@ class VllmRelease:
     free_memory_check: bool              # V1 refuses to start with less free memory than requested
     cuda_graphs_in_budget: bool          # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1
     nccl_before_snapshot: bool           # Worker.init_device sets up NCCL before the initial MemorySnapshot
+    non_torch_includes_baseline: bool    # V1 counts everything but live torch tensors (CUDA context, other processes)
     v0_counts_cuda_context: bool         # 0.6.x V0 worker counted the CUDA context as non-torch memory
     sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
     flashinfer_sampler_if_installed: bool  # ... unless FlashInfer is installed (then its kernels, no sort)
@@ -148,6 +149,9 @@ def release(version: Version) -> VllmRelease:
         free_memory_check=_since(v, False, ((0, 9, 0), True)),              # gpu_worker.init_device
         cuda_graphs_in_budget=_since(v, False, ((0, 20, 0), True)),         # envs.py ESTIMATE_CUDAGRAPHS
         nccl_before_snapshot=_since(v, False, ((0, 11, 0), True)),          # gpu_worker.init_device
+        # v1/worker/gpu_worker.py determine_available_memory, 0.8.0-0.9.0: (total - free) - allocated; memory_profiling
+        # (the increase since the initial snapshot) from 0.9.1
+        non_torch_includes_baseline=(0, 8, 0) <= v < (0, 9, 1),
         v0_counts_cuda_context=_since(v, True, ((0, 7, 0), False)),         # worker/worker.py memory profiling
         # v1/sample/ops/topk_topp_sampler.py: PyTorch's sort until 0.17 brought topk_topp_triton.py (batches >= 8);
         # FlashInfer's sampler was used when importable up to 0.11, opt-in (VLLM_USE_FLASHINFER_SAMPLER) from 0.12
