@@ -75,7 +75,8 @@ def test_catalog_sanity():
         board = e["board_memory_gib"] * GiB
         # CUDA's total is below the board size, by a plausible reservation
         assert 0.88 * board < g.total_memory_bytes < board, e["key"]
-        assert g.memory_bandwidth_bytes_per_s > 1e11 and g.bf16_dense_flops > 1e13, e["key"]
+        # Pascal (GTX 1080) has no tensor cores: its entry states the fp32 peak, under 10 TFLOPS
+        assert g.memory_bandwidth_bytes_per_s > 1e11 and g.bf16_dense_flops > 5e12, e["key"]
         assert g.pcie_bandwidth_bytes_per_s > 1e9 and g.interconnect in ("nvlink", "pcie", "xgmi"), e["key"]
         assert g.source_url.startswith("https://"), e["key"]
         assert g.supports_bf16 == (g.compute_capability >= (8, 0))
@@ -100,7 +101,7 @@ def test_find_gpu_matches_device_names_and_checks_memory():
     assert find_gpu("NVIDIA H100 80GB HBM3").key == "h100-sxm-80gb"
     assert find_gpu("NVIDIA H100 80GB HBM3", 81559 * 2**20).key == "h100-sxm-80gb"  # NVML's total
     assert find_gpu("NVIDIA GeForce RTX 4060 Ti", 8188 * 2**20) is None  # the 8 GB card
-    assert find_gpu("NVIDIA H20") is None
+    assert find_gpu("NVIDIA Hypothetical X1") is None
 
 
 def test_nvml_absent_returns_empty(monkeypatch):
@@ -119,12 +120,12 @@ def test_nvml_reports_devices(monkeypatch):
     fake = types.SimpleNamespace(
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
         nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3" if h == 0 else "NVIDIA H20",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3" if h == 0 else "NVIDIA Hypothetical X1",
         nvmlDeviceGetMemoryInfo=lambda h: mem)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     found = nvml.detect_gpus()
-    assert [(d.index, d.name) for d in found] == [(0, "NVIDIA H100 80GB HBM3"), (1, "NVIDIA H20")]
+    assert [(d.index, d.name) for d in found] == [(0, "NVIDIA H100 80GB HBM3"), (1, "NVIDIA Hypothetical X1")]
     assert found[0].spec.key == "h100-sxm-80gb" and found[1].spec is None
     assert found[0].total_bytes == mem.total and found[0].free_bytes == mem.free
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -134,3 +135,19 @@ def test_nvml_reports_devices(monkeypatch):
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has an NVIDIA GPU")
 def test_nvml_on_this_machine_finds_nothing():
     assert nvml.detect_gpus() == []
+
+
+def test_new_catalog_gpus_resolve_by_the_names_their_drivers_print():
+    # totals as CUDA reports them, read from logs (catalog.json total_memory_source_url)
+    assert resolve_gpu("NVIDIA RTX PRO 6000 Blackwell Workstation Edition").total_memory_bytes == int(round(94.97 * GiB))
+    assert resolve_gpu("AMD Instinct MI325X").vendor == "amd"
+    gb10 = resolve_gpu("NVIDIA GB10")
+    assert gb10.unified_memory and gb10.compute_capability == (12, 1)
+
+
+def test_a_unified_memory_gpu_says_how_vllm_sees_its_memory():
+    from oomguard.engines.vllm.memory import EngineConfig, predict
+    from oomguard.models.load import from_catalog
+    report = predict(from_catalog("meta-llama/Llama-3.1-8B-Instruct"), resolve_gpu("gb10"),
+                     EngineConfig(max_model_len=8192), (0, 19, 0))
+    assert any("shares" in a and "--free-memory" in a for a in report.assumptions)

@@ -60,6 +60,7 @@ def _spec(entry: dict) -> GpuSpec:
         total_memory_source_url=entry.get("total_memory_source_url", ""),
         total_memory_note=entry.get("total_memory_note", ""),
         multiprocessors=entry.get("multiprocessors", 0),
+        unified_memory=entry.get("unified_memory", False),
     )
 
 

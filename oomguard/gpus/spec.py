@@ -23,3 +23,4 @@ class GpuSpec:
     total_memory_source_url: str = ""   # the log the total was read from; "" when derived (see total_memory_note)
     total_memory_note: str = ""
     multiprocessors: int = 0   # SMs (CUs on AMD): vLLM's Triton sampler keeps a buffer per SM; 0 when unknown
+    unified_memory: bool = False   # CPU and GPU share it (GB10): the OS's use counts as used GPU memory

@@ -314,6 +314,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel)
     total = gpu.total_memory_bytes
+    if gpu.unified_memory and free_memory_bytes is None:
+        notes.append(f"{gpu.name} shares its {gpu.total_memory_bytes / GiB:.2f} GiB with the CPU: vLLM counts what the "
+                     "OS and other processes use as used GPU memory, so less is free at start than the catalog "
+                     "assumes; pass --free-memory GIB (what is free before launch) for a plan that accounts for it")
     if model.resolved_from:
         how = f" with {model.quant.method} {model.quant.bits}-bit weights" if model.quant else ""
         notes.append(f"{model.model_id} is not in the catalog: planned as {model.resolved_from}{how}")
