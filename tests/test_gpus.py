@@ -151,3 +151,16 @@ def test_a_unified_memory_gpu_says_how_vllm_sees_its_memory():
     report = predict(from_catalog("meta-llama/Llama-3.1-8B-Instruct"), resolve_gpu("gb10"),
                      EngineConfig(max_model_len=8192), (0, 19, 0))
     assert any("shares" in a and "--free-memory" in a for a in report.assumptions)
+
+
+def test_unified_memory_default_utilization_is_at_risk_of_the_free_memory_check():
+    from oomguard.engines.vllm.memory import EngineConfig, predict
+    from oomguard.models.load import from_catalog
+    model, gb10 = from_catalog("meta-llama/Llama-3.1-8B-Instruct"), resolve_gpu("gb10")
+    default = predict(model, gb10, EngineConfig(max_model_len=8192), (0, 20, 0))          # 0.92 of 121.69 GiB
+    assert default.verdict == "at_risk" and "free-memory check" in default.risks[0]
+    assert predict(model, gb10, EngineConfig(max_model_len=8192, gpu_memory_utilization=0.8),
+                   (0, 20, 0)).verdict == "starts"
+    given = predict(model, gb10, EngineConfig(max_model_len=8192, gpu_memory_utilization=0.8), (0, 20, 0),
+                    free_memory_bytes=int(104 * GiB))
+    assert given.verdict == "starts" and not given.risks

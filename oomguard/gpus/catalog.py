@@ -61,6 +61,7 @@ def _spec(entry: dict) -> GpuSpec:
         total_memory_note=entry.get("total_memory_note", ""),
         multiprocessors=entry.get("multiprocessors", 0),
         unified_memory=entry.get("unified_memory", False),
+        free_at_start_low_bytes=int(entry.get("free_at_start_low_gib", 0) * GiB),
     )
 
 

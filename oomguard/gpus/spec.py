@@ -24,3 +24,4 @@ class GpuSpec:
     total_memory_note: str = ""
     multiprocessors: int = 0   # SMs (CUs on AMD): vLLM's Triton sampler keeps a buffer per SM; 0 when unknown
     unified_memory: bool = False   # CPU and GPU share it (GB10): the OS's use counts as used GPU memory
+    free_at_start_low_bytes: int = 0   # unified memory: the least free memory at vLLM's start seen in real logs

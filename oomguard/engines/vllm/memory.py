@@ -448,6 +448,16 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
                    - w.cuda_graph_bytes for w in workers)
     sampler_need = profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version, gpu.multiprocessors)
+    risks: list[str] = []
+    # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
+    warmup_margin = sum(profile.ESTIMATE_P90_GIB[k] for k in ("activation_peak", "non_torch", "cuda_graph")) * GiB
+    if (error is None and engine == "v1" and rel.free_memory_check and gpu.unified_memory and free_memory_bytes is None
+            and requested > gpu.free_at_start_low_bytes):
+        risks.append(f"the start-up free-memory check: {_gib(requested)} GiB requested, while as little as "
+                     f"{_gib(gpu.free_at_start_low_bytes)} GiB has been free at start on this unified-memory GPU")
+    if error is None and engine == "v1" and headroom < sampler_need <= headroom + warmup_margin:
+        risks.append(f"the sampler warm-up after the KV cache is allocated: {_gib(sampler_need)} GiB needed, "
+                     f"{_gib(headroom)} GiB predicted free")
     if error is None and engine == "v1" and headroom < sampler_need:
         error, error_class = messages.sampler_warmup_oom(num_reqs), "oom_profiling_or_graph"
     headroom -= sampler_need if engine == "v1" else 0
@@ -481,7 +491,6 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         with_flashinfer = profile.sampler_peak_bytes(vocab, num_reqs, version, gpu.multiprocessors, flashinfer=True)
         kv_high += max(tight_worker.activation_peak_bytes - max(with_flashinfer, int(profile.forward_peak_bytes(
             model_q, tokens, tp, act_bytes, coefficients))), 0)
-    risks: list[str] = []
     reserve = avail_min - fit_available
     kv_check = f"the KV cache check: {_gib(needed)} GiB needed, {_gib(kv_low)}-{_gib(kv_high)} GiB available"
     if engine == "v1" and error_class == "kv_cache_too_small" and needed <= kv_high - reserve:
