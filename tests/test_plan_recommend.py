@@ -330,3 +330,12 @@ def test_default_keeps_the_named_model_at_its_precision_when_it_fits():
     assert best.held >= 1.5 * 32
     fewest = _search("meta-llama/Llama-3.1-70B-Instruct", "h100", 8, 7400, 32, objective="fewest-gpus")[1].best
     assert fewest.gpus < best.gpus                                    # the objective that asks for it may trade
+
+
+def test_a_configuration_at_risk_is_not_recommended():
+    from oomguard.plan.search import Checkpoint
+    model = from_catalog("meta-llama/Llama-3.1-8B-Instruct")
+    ckpt = Checkpoint(model, None, "bf16", 0, False)
+    edge = EngineConfig(max_model_len=34000, gpu_memory_utilization=0.9)      # at_risk on an L4 (test_plan_cli)
+    c = evaluate(ckpt, resolve_gpu("l4"), 1, Workload(34000, 1), (0, 19, 0), edge, None)
+    assert c.report.verdict == "at_risk" and not c.feasible and "may not start" in c.shortfall

@@ -170,6 +170,8 @@ def evaluate(checkpoint: Checkpoint, gpu: GpuSpec, gpu_count: int, workload: Wor
         if report.starts else 0.0
     if not report.starts:
         shortfall = f"vLLM would not start: {report.error}"
+    elif report.verdict == "at_risk":   # a recommendation must be sure to start, not merely likely to
+        shortfall = f"vLLM may not start: the estimates' uncertainty reaches {'; '.join(report.risks)}"
     elif held < workload.peak_concurrency:
         shortfall = (f"the KV cache holds {held:.1f} of the {workload.peak_concurrency} concurrent "
                      f"{workload.p99_tokens:,}-token requests")
