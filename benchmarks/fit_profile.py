@@ -53,8 +53,8 @@ GROUPS = {
     "cuda_graph_estimate": ("cuda_graph_estimated_gib", ("graph_est_base_gib", "graph_est_per_layer_gib",
                                                          "graph_est_per_layer_tp_gib", "graph_est_moe_gib_per_m")),
 }
-MAX_BRANCH_GROUPS = 16
-LOG_NOISE_GIB = 0.05   # vLLM prints these figures to 0.01 GiB, and identical runs differ by a few hundredths  # exhaustive branch search up to 2^16 assignments
+MAX_BRANCH_GROUPS = 16  # exhaustive branch search up to 2^16 assignments (more: alternating assignment)
+LOG_NOISE_GIB = 0.05    # vLLM prints these figures to 0.01 GiB, and identical runs differ by a few hundredths
 PROFILE_PY = ROOT / "oomguard" / "engines" / "vllm" / "profile.py"
 
 

@@ -41,7 +41,8 @@ ALL_DATA = (DEFAULT_DATA, ROOT.parent / "shared" / "data" / "batch2" / "vllm_sta
             *sorted((ROOT / "benchmarks" / "data" / "startup_logs").glob("*.jsonl")))
 INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_versions.json"
 # coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
-BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib", "non_torch_single_gib": "non_torch_single_early_gib",
+BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib",
+                 "non_torch_single_gib": "non_torch_single_early_gib",
                  "non_torch_tp_early_gib": "non_torch_tp_gib", "non_torch_tp_gib": "non_torch_tp_early_gib"}
 # version bands whose startup code differs most (../shared/research/vllm-memory-model.md section 1.3)
 BANDS = (((0, 0, 0), "0.6-0.7 (V0)"), ((0, 8, 0), "0.8-0.9"), ((0, 10, 0), "0.10-0.13"), ((0, 14, 0), "0.14-0.19"),
@@ -52,7 +53,8 @@ _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-t
 # the gpu_worker.py line that prints the activation, non-torch and CUDA-graph figures, and the worker printing it
 _USAGE_LINE = re.compile(r"^\((?P<who>[^)]*)\).*for peak activation", re.MULTILINE)
 _PP_RANK = re.compile(r"PP(\d+)")
-STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib")  # read from logged_stage's worker
+# read from logged_stage's worker
+STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib")
 
 
 @dataclass
