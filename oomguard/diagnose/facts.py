@@ -232,7 +232,8 @@ def _jsonable(value) -> bool:
 
 
 def warnings(facts: dict) -> list[str]:
-    """The seeds' warning signs, each one sentence that says what to change."""
+    """Warning signs in a healthy-looking startup (a slow attention backend, TP 1 on a multi-GPU box, a near-empty
+    KV cache, ...), each one sentence that says what to change and why."""
     out: list[str] = []
     backend = facts.get("attention_backend", "")
     cc = _cc(facts.get("compute_capability"))

@@ -186,7 +186,7 @@ def timeseries(runner: Runner) -> dict[str, Any]:
 
 
 def verdict(report: dict) -> str:
-    """One line in the seeds' terms: 'held 5 min at 20 req/s, peak KV 87%, 0 preemptions, 0 errors'."""
+    """One line an operator can act on: 'held 5 min at 20 req/s, peak KV 87%, 0 preemptions, 0 errors'."""
     stages = report["stages"]
     if not stages:
         return "no load was sent"

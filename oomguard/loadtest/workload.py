@@ -2,8 +2,9 @@
 
 Sources (`--dataset`):
   random              synthetic prompts; `--prompt-tokens N` or `A:B` (uniform), `--output-tokens` likewise
-  peak                every request at the stated p99: `--prompt-tokens` + `--output-tokens` (the seeds'
-                      "peak prompt"); without them, prompt + output fill the server's max_model_len
+  peak                every request at the stated p99: `--prompt-tokens` + `--output-tokens` (the longest
+                      requests you serve, all at once: the load that fills the KV cache); without them,
+                      prompt + output fill the server's max_model_len
   jsonl:PATH          one JSON object a line: {"prompt": "...", "max_tokens": N} (or "messages": [...])
   sharegpt:PATH       a ShareGPT file: [{"conversations": [{"from": "human", "value": ...},
                       {"from": "gpt", "value": ...}]}]; the first human turn is the prompt and the reply's

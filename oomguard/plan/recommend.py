@@ -1,7 +1,7 @@
 """`oomguard plan --p99-tokens/--peak-concurrency/--workload`: the configuration that serves a workload, and why.
 
 Orchestrates the pure search (search.py) and, when nothing fits, the tiering plan (tiering.py); explains each
-chosen flag in the seeds' terms by comparing the choice with the candidate that differs in that flag alone.
+chosen flag by its rule and why, comparing the choice with the candidate that differs in that flag alone.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _same_but(result: SearchResult, chosen: Candidate, **changes) -> Candidate |
 
 def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: ModelSpec,
             free_memory_bytes: int | None) -> list[tuple[str, str]]:
-    """One reason per chosen setting, in the seeds' terms, computed from the candidates that differ."""
+    """One reason per chosen setting (the rule and why), computed from the candidates that differ."""
     why: list[tuple[str, str]] = []
     report, config = chosen.report, chosen.config
     p99, peak = workload.p99_tokens, workload.peak_concurrency

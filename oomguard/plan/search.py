@@ -1,9 +1,9 @@
 """Search vLLM configurations for the one that serves a workload, scored by vLLM's own startup memory model.
 
-The seeds' checklist as a search: for every checkpoint of the model (its own precision, online FP8, the
+The configuration checklist as a search: for every checkpoint of the model (its own precision, online FP8, the
 quantized copies in the catalog), every tensor-parallel size that divides the heads and fits the GPUs (pipeline
-stages only when TP alone cannot fit), and the KV-cache dtypes the GPU runs, settle the other knobs the way the
-seeds say (max_model_len = the p99 rounded up; max_num_seqs = the peak concurrency; prefix caching only when
+stages only when TP alone cannot fit), and the KV-cache dtypes the GPU runs, settle the other knobs from the
+workload (max_model_len = the p99 rounded up; max_num_seqs = the peak concurrency; prefix caching only when
 the stated sharing makes it pay; gpu_memory_utilization 0.90, 0.95 only when needed, never above what is
 free), and keep the configurations under which vLLM starts AND holds peak-concurrency requests of p99 tokens
 at once, so nothing is preempted. Pure: no I/O; each evaluation is one `memory.predict` call.
@@ -28,9 +28,9 @@ from oomguard.plan.workload import Workload
 # keep-model (the default): the checkpoint the user named at its own precision, on the fewest GPUs, whenever it serves
 # the peak; else the least loss of fidelity (fp8 KV, then 8-bit, then 4-bit weights). The others rank every candidate.
 OBJECTIVES = ("keep-model", "fewest-gpus", "most-headroom", "max-throughput")
-UTILIZATIONS = (0.90, 0.95)        # the seeds' 0.80-0.95 band: vLLM's usual default first, 0.95 only to fit
+UTILIZATIONS = (0.90, 0.95)        # vLLM's usual default first; 0.95 only to fit (above it too little stays free)
 UTILIZATION_MARGIN = 0.01          # below the free fraction on a shared GPU, for the other process's growth
-PREFIX_CACHING_PAYS = 0.30         # the seeds: a prefix-cache hit rate under 30% does not pay for itself
+PREFIX_CACHING_PAYS = 0.30         # under a 30% hit rate the cache does not pay for its hashing and pinned blocks
 CONTEXT_STEP = 1024                # max_model_len = p99 rounded up to this
 SMALL_PREFILL_CHUNK = 2048         # max_num_batched_tokens when the profile run's activation peak does not fit
 

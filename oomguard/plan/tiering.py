@@ -1,8 +1,9 @@
 """When no configuration serves the workload: what breaks, the smallest change that fits, and tiering with its price.
 
-The seeds' last step ("tier memory when the model does not fit"): every figure here comes from the same
-memory model as the search (vLLM's startup arithmetic), and every speed from the roofline in `speed.py`,
-so a plan that streams weights over PCIe says how slow that is instead of promising a speed physics rules out.
+The last resort when no GPU configuration fits is to tier memory (host RAM, a smaller GGUF). Every figure
+here comes from the same memory model as the search (vLLM's startup arithmetic), and every speed from the
+roofline in `speed.py`, so a plan that streams weights over PCIe says how slow that is instead of promising a
+speed physics rules out.
 Pure: no I/O.
 """
 

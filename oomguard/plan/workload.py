@@ -1,4 +1,4 @@
-"""The workload a configuration must serve: the p99 request length and the peak concurrency (the seeds' steps 3-4).
+"""The workload a configuration must serve: the p99 request length and the peak concurrency.
 
 Given on the command line, or derived from a JSONL of real requests. Pure except `read_workload_file`.
 """

@@ -1,6 +1,6 @@
 """Admission control for `oomguard proxy`: a pure core (no I/O, no asyncio, an injectable clock).
 
-The rule comes from the seeds: stop sending new requests to an engine when its KV cache usage reaches the
+The rule: stop sending new requests to an engine when its KV cache usage reaches the
 high watermark (0.90) and resume only when it falls below the low watermark (0.80). Around that:
 
 * a bounded queue with three priority classes (FIFO within a class, strict priority between classes);
@@ -48,7 +48,8 @@ class State(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Limits:
-    """Every threshold of the admission rule. The defaults are the seeds' (90% / 80%)."""
+    """Every threshold of the admission rule. Defaults 90% / 80%: pause before the KV cache is full enough to
+    preempt, resume with room for the queued requests, and the gap keeps the gate from flapping."""
 
     high_watermark: float = 0.90
     low_watermark: float = 0.80
