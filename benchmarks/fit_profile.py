@@ -240,7 +240,7 @@ def fit_group(obs: list[Observation]) -> tuple[float, ...]:
 def _fit_alternating(obs: list[Observation], rounds: int = 50) -> tuple[float, ...]:
     """Too many two-branch records for the exhaustive search: assign each to the branch the current fit makes the
     larger, refit, and repeat until the assignment stops changing (a local optimum, started from profile.py)."""
-    names = next(n for g, (_, n) in GROUPS.items() if g == obs[0].group)
+    names = GROUPS[obs[0].group][1]
     beta = tuple(getattr(profile.COEFFICIENTS, n) for n in names)
     for _ in range(rounds):
         rows, targets, picks = [], [], []

@@ -157,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
                      free_memory_gib=args.free_memory)
     nearest = None
     if report.verdict == "fails":
+        from oomguard.engines.vllm.versions import parse_version
         from oomguard.plan.nearest import nearest_start
-        from oomguard.engines.vllm.versions import parse_version, NEWEST
         free = int(args.free_memory * 2**30) if args.free_memory is not None else None
-        nearest = nearest_start(model, gpu, engine_config(flags), parse_version(args.vllm_version) if
-                                args.vllm_version else NEWEST, gpu_count, report, free)
+        nearest = nearest_start(model, gpu, engine_config(flags), parse_version(report.vllm_version), gpu_count,
+                                report, free)
     render.print_report(report, as_json=args.json or args.format == "json", ignored=ignored,
                         quantization=flags.get("quantization"), extra=extra, output=args.format, nearest=nearest)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

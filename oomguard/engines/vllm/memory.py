@@ -17,7 +17,7 @@ from oomguard.engines.vllm import defaults, messages, profile
 from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
                                       MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
                                       kv_cache_tokens, max_concurrency, num_blocks)
-from oomguard.engines.vllm.releases import VllmRelease, release
+from oomguard.engines.vllm.releases import VllmRelease, first_release_running, release
 from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
 from oomguard.errors import UsageError
@@ -212,7 +212,8 @@ def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel:
     token); the state is padded to block x KV bytes per token."""
     family = model.model_type + ("_moe" if model.model_type == "nemotron_h" and model.moe else "")
     if family not in rel.hybrid_model_types:
-        since = HYBRID_SINCE.get(family, "0.17.0")
+        first = first_release_running(family)
+        since = fmt(first) if first else "a newer release"
         raise UsageError(f"vLLM {fmt(rel.version)} does not run {family} models ({model.model_id}); "
                          f"they need vLLM {since} or newer: pick --vllm-version {since} or later")
     conv, temporal = model.recurrent.state_elements(tp)
@@ -233,10 +234,6 @@ def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel:
     if cfg.block_size and cfg.block_size > block:
         block = cfg.block_size
     return MambaSpec(block if align_mode else max_model_len, state, block * per_token, pages)
-
-
-# the first release that runs each hybrid family (releases.py hybrid_model_types), for the refusal message
-HYBRID_SINCE = {"qwen3_next": "0.10.2", "nemotron_h": "0.10.2", "nemotron_h_moe": "0.12.0"}
 
 
 def _attention_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int) -> int:
@@ -485,13 +482,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
     margin = 0 if kv_given else (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
         + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
-    tight_worker = workers[tight]
     kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
     if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1:
-        vocab = padded_vocab(model.vocab_size)
-        with_flashinfer = profile.sampler_peak_bytes(vocab, num_reqs, version, gpu.multiprocessors, flashinfer=True)
-        kv_high += max(tight_worker.activation_peak_bytes - max(with_flashinfer, int(profile.forward_peak_bytes(
-            model_q, tokens, tp, act_bytes, coefficients))), 0)
+        with_flashinfer = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp,
+                                                        pp, True, act_bytes, version, gpu.multiprocessors,
+                                                        coefficients, engine, flashinfer=True)
+        kv_high += max(workers[tight].activation_peak_bytes - with_flashinfer, 0)
     reserve = avail_min - fit_available
     kv_check = f"the KV cache check: {_gib(needed)} GiB needed, {_gib(kv_low)}-{_gib(kv_high)} GiB available"
     if engine == "v1" and error_class == "kv_cache_too_small" and needed <= kv_high - reserve:

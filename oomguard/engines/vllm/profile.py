@@ -52,18 +52,18 @@ class ProfileCoefficients:
     forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
     non_torch_single_gib: float = 0.249       # cuBLAS / attention workspaces, one GPU (V1 from 0.17)
     non_torch_single_early_gib: float = 0.134  # the same before 0.17 (0.10-0.12 logs)
-    non_torch_tp_gib: float = 2.1            # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
-    non_torch_tp_early_gib: float = 0.545      # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
+    non_torch_tp_gib: float = 2.1             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
+    non_torch_tp_early_gib: float = 0.545     # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
-    non_torch_v0_gib: float = 0.196            # V0 worker.py accounting (0.7-0.10)
+    non_torch_v0_gib: float = 0.196           # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.472              # CUDA-graph pool, fixed part
+    graph_base_gib: float = 0.472             # CUDA-graph pool, fixed part
     graph_per_layer_gib: float = 0.0141       # per decoder layer on the rank, at the default capture sizes
-    graph_per_layer_tp_gib: float = 0.0   # per decoder layer, the part sharded over TP ranks (/ tp)
+    graph_per_layer_tp_gib: float = 0.0       # per decoder layer, the part sharded over TP ranks (/ tp)
     graph_moe_gib_per_m: float = 1.74         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.263           # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_base_gib: float = 0.263         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
     graph_est_per_layer_gib: float = 0.0175
     graph_est_per_layer_tp_gib: float = 0.0
     graph_est_moe_gib_per_m: float = 1.13
@@ -117,7 +117,8 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocess
 
 def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
-                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1") -> tuple[float, float]:
+                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1",
+                          flashinfer: bool = False) -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c, engine)
     # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
@@ -125,7 +126,7 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
     hidden_alive = (tokens + 2 * num_reqs) * model.hidden_size * act_bytes
     # from 0.13 the fused-MoE workspace comes from the WorkspaceManager (v1/worker/workspace.py) and stays allocated
     kept = moe_workspace_bytes(model, tokens, tp, act_bytes) if release(version).moe_workspace_persists else 0
-    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors) + hidden_alive + kept \
+    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors, flashinfer) + hidden_alive + kept \
         if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
@@ -133,10 +134,11 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 
 def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
-                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1") -> int:
-    """torch peak increase during profile_run on one worker: the larger of the two candidates."""
+                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1", flashinfer: bool = False) -> int:
+    """torch peak increase during profile_run on one worker: the larger of the two candidates (`flashinfer`: with
+    FlashInfer's sampler, which releases up to 0.11 use when it is installed)."""
     return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, version,
-                                         multiprocessors, c, engine)))
+                                         multiprocessors, c, engine, flashinfer)))
 
 
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
@@ -196,7 +198,11 @@ def cuda_graph_captures(version: Version, max_num_seqs: int, max_num_batched_tok
                         compute_capability: tuple[int, int] = (9, 0)) -> int:
     """Capture passes: one piecewise graph per size, plus a full decode graph per size <= max_num_seqs from 0.11
     (gpu_model_runner.capture_model / cudagraph_dispatcher)."""
-    sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability)
+    return _captures(version, cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability),
+                     max_num_seqs)
+
+
+def _captures(version: Version, sizes: tuple[int, ...], max_num_seqs: int) -> int:
     full = [s for s in sizes if s <= max_num_seqs] if release(version).full_and_piecewise_graphs else []
     return len(sizes) + len(full)
 
@@ -219,8 +225,7 @@ class GraphShape:
     def of(cls, version: Version, max_num_seqs: int, max_num_batched_tokens: int,
            compute_capability: tuple[int, int] = (9, 0)) -> GraphShape:
         sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability)
-        return cls(cuda_graph_captures(version, max_num_seqs, max_num_batched_tokens, compute_capability),
-                   max(sizes) if sizes else 0)
+        return cls(_captures(version, sizes, max_num_seqs), max(sizes) if sizes else 0)
 
 
 def _graph_gib(model: ModelSpec, layers_on_rank: int, tp: int, shape: GraphShape, base: float, per_layer: float,

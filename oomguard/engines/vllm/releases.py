@@ -227,3 +227,13 @@ def release(version: Version) -> VllmRelease:
 
 def oldest() -> VllmRelease:
     return release(OLDEST)
+
+
+def first_release_running(family: str) -> Version | None:
+    """The oldest modelled release whose hybrid_model_types include `family` (for a refusal's advice)."""
+    from oomguard.engines.vllm.versions import NEWEST
+    for minor in range(OLDEST[1], NEWEST[1] + 1):
+        for patch in range(0, 10):
+            if family in release((0, minor, patch)).hybrid_model_types:
+                return (0, minor, patch)
+    return None
