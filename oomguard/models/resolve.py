@@ -29,8 +29,8 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
 
 
 def quant_from_name(model_id: str) -> QuantSpec | None:
-    name = model_id.rsplit("/", 1)[-1].lower()
-    suffix = name[len(base_name(model_id)):] if name.startswith(base_name(model_id)) else name
+    name, base = model_id.rsplit("/", 1)[-1].lower(), base_name(model_id)
+    suffix = name[len(base):] if name.startswith(base) else name
     return next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
 
 
