@@ -21,6 +21,8 @@ Every test that uses one of these fixtures gets the `engine` marker: `pytest -m 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,9 @@ ENGINE_FIXTURES = {"llama_server_binary", "tiny_gguf", "llama_server", "llama_se
 
 
 def pytest_configure(config):
+    # no test asks the Hugging Face hub or reads a user's hub cache; tests/test_hub.py points at a local stand-in
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["OOMGUARD_HUB_CACHE"] = tempfile.mkdtemp(prefix="oomguard-hub-")
     config.addinivalue_line(
         "markers", "engine: runs a real llama-server (built from source on first use, then cached)")
 

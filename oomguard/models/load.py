@@ -16,9 +16,6 @@ from pathlib import Path
 from oomguard.errors import UsageError
 from oomguard.models.spec import ModelSpec, parse_config
 
-_DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8, "F4": 0.5}
-
 
 def _catalog_dir():
     return resources.files("oomguard.models") / "catalog"
@@ -46,11 +43,16 @@ def catalog_entry(model_id: str) -> dict | None:
 def from_catalog(model_id: str) -> ModelSpec:
     entry = catalog_entry(model_id)
     if entry is None:
-        close = difflib.get_close_matches(model_id.lower(), catalog_ids(), n=3, cutoff=0.6)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UsageError(f"model {model_id!r} is not in the offline catalog.{hint} Pass its config.json or model "
-                         "directory with --model-config PATH (or install oomguard[hub] when the hub is reachable)")
+        raise unknown_model(model_id)
     return parse_config(entry["config"], entry["id"], entry.get("safetensors_total_bytes"), entry.get("source_url", ""))
+
+
+def unknown_model(model_id: str, hub_error: Exception | None = None) -> UsageError:
+    close = difflib.get_close_matches(model_id.lower(), catalog_ids(), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    hub = f" ({hub_error})" if hub_error else " (or install oomguard[hub] where the Hugging Face hub is reachable)"
+    return UsageError(f"model {model_id!r} is not in the offline catalog.{hint} Pass its config.json or model "
+                      f"directory with --model-config PATH{hub}")
 
 
 def safetensors_bytes(directory: Path) -> int | None:
@@ -109,25 +111,16 @@ def from_path(path: str, model_id: str | None = None) -> ModelSpec:
     return parse_config(config, name, weights, str(config_file))
 
 
-def from_hub(model_id: str) -> ModelSpec | None:
-    """Fetch config.json (and safetensors metadata) from the HF hub when huggingface_hub is installed and reachable."""
-    try:
-        from huggingface_hub import get_safetensors_metadata, hf_hub_download
-    except ImportError:
-        return None
-    try:
-        config_path = hf_hub_download(model_id, "config.json")
-        config = json.loads(Path(config_path).read_text())
-    except Exception:  # offline, gated, missing: the caller reports the catalog error instead
-        return None
-    weights = None
-    try:
-        meta = get_safetensors_metadata(model_id)
-        weights = sum(sum(n * _DTYPE_SIZE.get(dt, 2) for dt, n in fm.parameter_count.items())
-                      for fm in meta.files_metadata.values())
-    except Exception:
-        pass
-    return parse_config(config, model_id, weights, f"hub:{model_id}")
+def from_hub(model_id: str) -> ModelSpec:
+    """The checkpoint as the hub describes it: from the on-disk cache, else fetched (and cached). HubError if not."""
+    from oomguard.models import hub
+
+    entry = hub.cached(model_id)
+    how = "from the hub cache"
+    if entry is None:
+        entry, how = hub.fetch(model_id), "fetched from the Hugging Face hub"
+    return parse_config(entry["config"], model_id, entry.get("safetensors_total_bytes"),
+                        f"{entry.get('source_url', model_id)} ({how}; weights: {entry.get('weights_note', 'unknown')})")
 
 
 def load_model(model: str | None, model_config: str | None = None, like: str | None = None) -> ModelSpec:
@@ -147,4 +140,25 @@ def load_model(model: str | None, model_config: str | None = None, like: str | N
         return from_catalog(model)
     if Path(model).expanduser().is_dir():
         return from_path(model)
-    return from_hub(model) or resolve_by_name(model) or from_catalog(model)
+    return _from_hub_or_name(model)
+
+
+def _from_hub_or_name(model: str) -> ModelSpec:
+    """The hub's answer when it has one; else the catalog model the id names, saying why the hub did not answer."""
+    from dataclasses import replace
+
+    from oomguard.models import hub
+    from oomguard.models.resolve import resolve_by_name
+
+    hub_error = None
+    if hub.cached(model) is not None or hub.available():
+        try:
+            return from_hub(model)
+        except hub.HubError as exc:
+            hub_error = exc
+    resolved = resolve_by_name(model)
+    if resolved is not None:
+        return replace(resolved, load_notes=(*resolved.load_notes, *((str(hub_error),) if hub_error else ())))
+    if hub_error is not None and not hub_error.unreachable:
+        raise hub_error
+    raise unknown_model(model, hub_error)

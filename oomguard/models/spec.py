@@ -175,6 +175,7 @@ class ModelSpec:
     checkpoint_bytes: int | None = None          # exact, from safetensors metadata, when known
     source: str = ""
     resolved_from: str = ""                      # the catalog model this id was planned as (models/resolve.py)
+    load_notes: tuple[str, ...] = ()             # what the plan should say about where the model came from
 
     @property
     def dtype_bytes(self) -> int:

@@ -319,6 +319,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if model.resolved_from:
         how = f" with {model.quant.method} {model.quant.bits}-bit weights" if model.quant else ""
         notes.append(f"{model.model_id} is not in the catalog: planned as {model.resolved_from}{how}")
+    notes += model.load_notes
     dtype, dtype_notes = resolve_dtype(model, cfg, gpu)
     notes += dtype_notes
     act_bytes = DTYPE_BYTES[dtype]
@@ -419,6 +420,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
 
     # vLLM's checks, in the order it makes them
     weights_max = max(w.weights_bytes for w in workers)
+    ckpt = model.checkpoint_bytes
+    if ckpt and tp * pp == 1 and not model.resolved_from and abs(weights_max - ckpt) > 0.05 * ckpt:
+        warnings.append(f"the checkpoint's safetensors hold {ckpt / GiB:.2f} GiB of tensors but config.json's shapes "
+                        f"give {weights_max / GiB:.2f} GiB of weights: the config may not describe this checkpoint "
+                        "(a quantization config missing?), so the weights figure is in doubt")
     if error is None and gpu.compute_capability < (8, 0) and dtype == "bfloat16":
         error, error_class = messages.bf16_unsupported(gpu.name, gpu.compute_capability), "dtype_capability"
     if error is None and engine == "v1" and rel.free_memory_check and free_at_start < requested:
@@ -507,6 +513,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                      f"vLLM {fmt(version)}")
     estimate = "estimate (fitted to real vLLM startup logs)"
     provenance = {
+        "model": model.source or model.model_id,
         "weights_gib": (f"estimate: {model.resolved_from}'s config.json, quantized as the name says"
                         if model.resolved_from else "exact arithmetic from config.json")
         + (" (vision tower estimated)" if model.vision else ""),
