@@ -342,3 +342,29 @@ def test_moe_plan_keeps_experts_on_the_cpu_when_that_is_faster():
     layers = fit.max_gpu_layers(m, w, kv, 12 * GiB, flash_attn=True)
     whole = fit.speed(m, w, kv, layers, context_tokens=8192, gpu_bandwidth=1008e9)
     assert p.speed.decode_tokens_per_s >= whole.decode_tokens_per_s
+
+
+@pytest.mark.engine
+def test_a_real_quantized_file_read_back_splits_as_llama_fit_params(llama_fit_tools, small_gguf, rpc_endpoint,
+                                                                     tmp_path):
+    """`oomguard plan FILE.gguf` reads the file's own tensors: on a file llama-quantize wrote, the shapes are the
+    model's and the layer split is llama.cpp's own."""
+    from oomguard.engines.llamacpp.fitcheck import fit_layers
+    from oomguard.engines.llamacpp.gguf_file import read_gguf
+
+    out = tmp_path / "small-Q4_K_M.gguf"
+    proc = subprocess.run([str(llama_fit_tools["llama-quantize"]), str(small_gguf), str(out), "Q4_K_M", "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    read = read_gguf(str(out))
+    m = small_spec()
+    assert (read.file_type, read.model.num_layers, read.model.hidden_size, read.model.num_kv_heads,
+            read.model.vocab_size, read.model.intermediate_size) == ("Q4_K_M", m.num_layers, m.hidden_size,
+                                                                     m.num_kv_heads, m.vocab_size, m.intermediate_size)
+    assert read.weights.layer_bytes == fit.gguf_weights(m, "Q4_K_M").layer_bytes   # each tensor to its layer
+    for mib in (30, 40, 50, 70):
+        theirs = fit_layers(llama_fit_tools["llama-fit-params"], out, rpc_endpoint, device_bytes=mib * MiB,
+                            n_ctx=2048, n_parallel=1, cache_type="f16", flash_attn=False, n_layer=m.num_layers)
+        ours = _ours(read.model, read.weights, device_bytes=mib * MiB, n_ctx=2048, n_parallel=1, cache_type="f16",
+                     flash_attn=False)
+        assert ours.n_gpu_layers == theirs.n_gpu_layers, (mib, ours.to_dict(), theirs.stderr[-1500:])

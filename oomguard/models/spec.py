@@ -46,9 +46,16 @@ class QuantSpec:
     lm_head_quantized: bool = False
     experts_only: bool = False        # MXFP4 (gpt-oss): only MoE experts are quantized
     scale_bytes: float = 2.0          # bytes per scale value
+    # a GGUF file's own bytes per weight (its ggml block types mix within a file); vLLM's GGUF layers keep the
+    # blocks as stored, embedding and output layer included (vllm/model_executor/layers/quantization/gguf.py)
+    measured_linear: float | None = None
+    measured_embedding: float | None = None
+    measured_lm_head: float | None = None
 
     def bytes_per_param(self) -> float:
         """Storage per quantized weight, scales and zero points included (vllm/model_executor/layers/quantization/*)."""
+        if self.measured_linear is not None:
+            return self.measured_linear
         per = self.bits / 8
         if self.group_size:
             per += self.scale_bytes / self.group_size + (self.bits / 8 / self.group_size if self.zero_point else 0)

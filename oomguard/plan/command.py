@@ -138,6 +138,10 @@ def run(args: argparse.Namespace) -> int:
         ignored, extra = pasted.ignored, pasted.extra
     if not words and args.model_config:
         words = [None]
+    gguf = next((w for w in (args.model_config, *words[:1]) if w and w.lower().endswith(".gguf")), None)
+    if gguf is not None:
+        from oomguard.plan.gguf_command import run_gguf
+        return run_gguf(args, gguf, flags, extra)
     if len(words) != 1:
         raise UsageError("give one model id (or paste a whole command after --: oomguard plan -- vllm serve MODEL ...)")
     if args.llm_class:

@@ -457,15 +457,16 @@ def plan_config(model: ModelSpec, gpu_free_bytes: int, *, quantization: str, n_c
                 n_parallel: int = 1, cache_type: str = "f16", flash_attn: bool | None = None,
                 margin_bytes: int = DEFAULT_MARGIN_BYTES, gpu_bandwidth: float = 0.0,
                 cpu_bandwidth: float = DEFAULT_CPU_BANDWIDTH, gpu_flops: float = 0.0, pcie_bandwidth: float = 0.0,
-                n_ubatch: int = DEFAULT_UBATCH) -> LlamaCppPlan:
-    """One configuration: the largest -ngl for this quantization, KV type and context, with its speed."""
+                n_ubatch: int = DEFAULT_UBATCH, weights: Weights | None = None) -> LlamaCppPlan:
+    """One configuration: the largest -ngl for this quantization, KV type and context, with its speed.
+    `weights`: a GGUF file's own tensors (gguf_file.read_gguf) instead of the model converted at `quantization`."""
     if n_parallel < 1 or n_ctx_per_slot < 1:
         raise UsageError("the context per slot and the number of slots (-np) must be positive")
     if flash_attn is None:
         flash_attn = cache_type != "f16"  # a quantized V cache needs flash attention (llama-context.cpp)
     if cache_type != "f16" and not flash_attn:
         raise UsageError(f"--cache-type-v {cache_type} needs flash attention (-fa on) in llama.cpp")
-    weights = gguf_weights(model, quantization)
+    weights = weights or gguf_weights(model, quantization)
     per_slot = _pad(n_ctx_per_slot)
     kv = kv_cache(model, per_slot * n_parallel, n_parallel, cache_type, cache_type, n_ubatch)
     split = max_gpu_layers(model, weights, kv, gpu_free_bytes, flash_attn=flash_attn, margin_bytes=margin_bytes,
@@ -495,14 +496,15 @@ def plan_config(model: ModelSpec, gpu_free_bytes: int, *, quantization: str, n_c
 def plan(model: ModelSpec, gpu_free_bytes: int, *, n_ctx_per_slot: int, n_parallel: int = 1,
          quantization: str | None = None, cache_type: str | None = None, margin_bytes: int = DEFAULT_MARGIN_BYTES,
          gpu_bandwidth: float = 0.0, cpu_bandwidth: float = DEFAULT_CPU_BANDWIDTH, gpu_flops: float = 0.0,
-         pcie_bandwidth: float = 0.0, floor: str = "Q4_K_M") -> LlamaCppPlan:
+         pcie_bandwidth: float = 0.0, floor: str = "Q4_K_M", weights: Weights | None = None) -> LlamaCppPlan:
     """Pick a GGUF quantization and KV type: the best quality (down to `floor`) that puts every layer on the
     GPU, with the f16 KV cache before q8_0 before q4_0; if none does, `floor` with a q8_0 cache and as many
-    layers on the GPU as fit. Every other combination is listed in `alternatives` with its -ngl and speed."""
+    layers on the GPU as fit. Every other combination is listed in `alternatives` with its -ngl and speed.
+    `weights`: a GGUF file's own tensors; only the KV type is chosen then."""
     kw = dict(n_ctx_per_slot=n_ctx_per_slot, n_parallel=n_parallel, margin_bytes=margin_bytes,
               gpu_bandwidth=gpu_bandwidth, cpu_bandwidth=cpu_bandwidth, gpu_flops=gpu_flops,
-              pcie_bandwidth=pcie_bandwidth)
-    quants = (quantization,) if quantization else QUALITY_LADDER
+              pcie_bandwidth=pcie_bandwidth, weights=weights)
+    quants = (weights.ftype,) if weights else (quantization,) if quantization else QUALITY_LADDER
     caches = (cache_type,) if cache_type else KV_TYPES
     if floor not in quants:
         floor = quants[-1]

@@ -199,12 +199,14 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
     first, last = stage == 0, stage == par.pp - 1
     vocab_shard = padded_vocab(model.vocab_size) // par.tp * h
     total = 0.0
+    quant = model.quant
+    embedding = quant.measured_embedding if quant and quant.measured_embedding else act_bytes
     if first or (last and model.tie_word_embeddings):
-        total += vocab_shard * act_bytes  # VocabParallelEmbedding (never quantized)
+        total += vocab_shard * embedding  # VocabParallelEmbedding (unquantized but for GGUF's)
     if last:
         if not model.tie_word_embeddings:
-            head_quantized = model.quant is not None and model.quant.lm_head_quantized
-            total += vocab_shard * (model.quant.bytes_per_param() if head_quantized else act_bytes)
+            head = quant.measured_lm_head or quant.bytes_per_param() if quant and quant.lm_head_quantized else act_bytes
+            total += vocab_shard * head
         total += h * act_bytes  # final norm
     for layer in par.stage_layers(model.num_layers, stage):
         total += layer_bytes(model, layer, par, act_bytes, mxfp4)
