@@ -66,6 +66,17 @@ class Case:
     skip: str | None = None
 
 
+def model_id(r: dict) -> str:
+    """The id as launched: a record's collector sometimes adds a note in parentheses after it."""
+    return str(r.get("model") or "").split(" (", 1)[0].strip()
+
+
+def model_answered(r: dict) -> bool:
+    """The planner has the model offline: in the catalog, or named after a catalog model (models/resolve.py)."""
+    mid = model_id(r)
+    return bool(mid) and (catalog_entry(mid) is not None or resolve_by_name(mid) is not None)
+
+
 def record_inputs(r: dict):
     """Planner inputs from what the log showed (no measured memory figure is used as an input)."""
     if not r.get("vllm_version"):
@@ -76,7 +87,7 @@ def record_inputs(r: dict):
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
     if "fork" in str(r["vllm_version"]):
         raise LookupError("a fork of vLLM, not modelled")
-    if catalog_entry(r["model"]) is None and resolve_by_name(r["model"]) is None:
+    if not model_answered(r):
         raise LookupError(f"model {r['model']} not in the catalog (nor named after a catalog model)")
     try:
         gpu = resolve_gpu(r.get("gpu_model") or "")
@@ -96,7 +107,7 @@ def record_inputs(r: dict):
         quantization=quant if quant in _QUANT_WORDS else None,
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
-    model = from_catalog(r["model"]) if catalog_entry(r["model"]) else resolve_by_name(r["model"])
+    model = from_catalog(model_id(r)) if catalog_entry(model_id(r)) else resolve_by_name(model_id(r))
     if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
         cfg = replace(cfg, quantization=None)
     gpus = max(r.get("num_gpus") or 1, cfg.tensor_parallel_size * cfg.pipeline_parallel_size)
@@ -231,7 +242,10 @@ def summarize(cases: list[Case]) -> dict:
         target["verdict_accuracy"] = sum(verdicts) / len(verdicts) if verdicts else float("nan")
     summary["verdict_misses"] = [c.record["id"] for c in modelled if not verdict_right(c)]
     summary["at_risk"] = [c.record["id"] for c in modelled if c.predicted["verdict"] == "at_risk"]
-    summary["resolved_by_name"] = [c.record["id"] for c in modelled if catalog_entry(c.record["model"]) is None]
+    summary["resolved_by_name"] = [c.record["id"] for c in modelled if catalog_entry(model_id(c.record)) is None]
+    collected = [c.record for c in cases if c.record["id"].startswith("col-")]   # the project's own collection
+    summary["coverage"] = {group: {"answered": sum(map(model_answered, rs)), "records": len(rs)}
+                           for group, rs in (("collected", collected), ("all", [c.record for c in cases]))}
     summary["skipped"] = [(c.record["id"], c.skip) for c in cases if c.skip]
     return summary
 
@@ -255,6 +269,9 @@ def print_table(summary: dict) -> None:
     if summary["verdict_misses"]:
         print(f"\nverdict misses: {', '.join(summary['verdict_misses'])}")
     print(f"at risk: {len(summary['at_risk'])} of {summary['modelled']} ({', '.join(summary['at_risk']) or 'none'})")
+    for group, cov in summary["coverage"].items():
+        print(f"model answered offline ({group} logs): {cov['answered']}/{cov['records']} "
+              f"({cov['answered'] / max(1, cov['records']):.0%})")
     print(f"planned as the catalog model their name states: {len(summary['resolved_by_name'])} "
           f"({', '.join(summary['resolved_by_name']) or 'none'})")
     print("\nskipped:")

@@ -18,6 +18,8 @@ from oomguard.models.variants import base_name
 # embeddings stay in 16 bits in all of them (AutoAWQ, AutoGPTQ, llm-compressor, ModelOpt, bitsandbytes defaults)
 _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
     (r"awq", QuantSpec("awq", 4, group_size=128, zero_point=True)),
+    # Intel AutoRound int4 runs on vLLM's GPTQ kernels (quantization/auto_round.py apply_gptq_quant_layer)
+    (r"auto-?round", QuantSpec("gptq", 4, group_size=128)),
     (r"gptq[-_.]?int8|gptq[-_.]?8bit", QuantSpec("gptq", 8, group_size=128)),
     (r"gptq", QuantSpec("gptq", 4, group_size=128)),
     (r"w4a16|int4", QuantSpec("compressed-tensors", 4, group_size=128, ignored=("lm_head",))),
@@ -29,7 +31,7 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
 
 
 def quant_from_name(model_id: str) -> QuantSpec | None:
-    name, base = model_id.rsplit("/", 1)[-1].lower(), base_name(model_id)
+    name, base = re.sub(r"[\s_]+", "-", model_id.strip().rsplit("/", 1)[-1].lower()), base_name(model_id)
     suffix = name[len(base):] if name.startswith(base) else name
     return next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
 

@@ -12,13 +12,14 @@ import re
 from oomguard.models.spec import ModelSpec
 
 _QUANT_SUFFIX = re.compile(
-    r"(-(awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|nvfp4|mxfp4|bnb|4bit|8bit|dynamic|static|marlin|quantized"
+    r"(-(awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|nvfp4|mxfp4|bnb|4bit|8bit|dynamic|static|marlin|quantized|autoround"
+    r"|auto-round|unsloth|mtp"
     r"|quantized\.w4a16|quantized\.w8a8|quantized\.w8a16|fp8-dynamic|fp8-static)[a-z0-9.]*)+$")
 
 
 def base_name(model_id: str) -> str:
     """'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4' -> 'llama-3.1-8b-instruct'."""
-    name = model_id.rsplit("/", 1)[-1].lower()
+    name = re.sub(r"[\s_]+", "-", model_id.strip().rsplit("/", 1)[-1].lower())   # "Qwen3.6-27B NVFP4" as typed in logs
     name = _QUANT_SUFFIX.sub("", name)
     return name[5:] if name.startswith("meta-") else name
 
