@@ -1,17 +1,19 @@
 """How well `oomguard diagnose` names the failure class of real vLLM failures, and whether its fixes agree with
 the numbers in the text.
 
-Reads ../shared/data/vllm_failures.jsonl (real error texts from public issues, each labelled with a class),
+Reads ../shared/data/vllm_failures.jsonl, its batch2/, and the reports collected from public repositories in
+benchmarks/data/failures/ (real error texts from public issues, each labelled with a class),
 diagnoses each record's `error_text` (the user's launch command, when the record has a parseable one, is passed
-as --command would pass it: it supplies settings, never the class), and prints top-1 class accuracy overall and
-per class, then the fix-consistency checks for records whose `numbers` allow one:
+as --command would pass it: it supplies settings, never the class), and prints top-1 and top-3 class accuracy
+overall, per file, split by source (the vLLM project's repositories vs everyone else's), and per class, then the
+fix-consistency checks for every record whose `numbers` allow one (the top finding's fixes, right class or not):
   kv_cache_too_small  the recommended --max-model-len is no larger than what the KV cache holds
   gpu_memory_in_use   the recommended --gpu-memory-utilization x total fits in the free memory shown
   tp_misconfig        every recommended --tensor-parallel-size divides the head count
   context_too_long    a recommended max_tokens fits in max_model_len - prompt tokens
   dtype_capability    --dtype half is recommended below compute capability 8.0
   oom_profiling_or_graph  a recommended --max-num-seqs is below the sampler's dummy request count
-Usage: python benchmarks/diagnose_accuracy.py [--data PATH] [--json] [--show-misses]
+Usage: python benchmarks/diagnose_accuracy.py [--data PATH...] [--json] [--show-misses]
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from oomguard.diagnose import diagnose_text  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vllm_failures.jsonl"
+ALL_DATA = (DEFAULT_DATA, DEFAULT_DATA.parent / "batch2" / "vllm_failures.jsonl",
+            *sorted((ROOT / "benchmarks" / "data" / "failures").glob("collected_*.jsonl")))
 TARGET = 0.90
 
 
@@ -90,52 +94,85 @@ def consistency(record: dict, finding: dict | None) -> list[tuple[str, bool, str
     return out
 
 
-def run(path: Path) -> dict:
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def load(paths) -> list[dict]:
+    records = []
+    for path in paths:
+        if Path(path).is_file():
+            for line in Path(path).read_text().splitlines():
+                if line.strip():
+                    records.append({**json.loads(line), "_file": Path(path).name if "batch2" not in str(path)
+                                    else "batch2/" + Path(path).name})
+    return records
+
+
+def _source_group(record: dict) -> str:
+    """Split by source: the vLLM project's own repositories, or everyone else's (wrappers, clients, other engines)."""
+    repo = str(record.get("source_repo") or record.get("source_url") or "").lower()
+    return "vllm-project" if "vllm-project" in repo else "other repositories"
+
+
+def run_records(records: list[dict]) -> dict:
     per_class: dict[str, Counter] = defaultdict(Counter)
-    misses, checks = [], []
+    groups: dict[str, Counter] = defaultdict(Counter)
+    misses, checks, silent = [], [], []
     for record in records:
         diagnosis = diagnose_text(record["error_text"], command=_command(record), use_planner=False)
         data = diagnosis.to_dict()
         top = data["findings"][0] if data["findings"] else None
+        ranked = [f["class"] for f in data["findings"]]
+        ranked += [a["class"] for a in (top or {}).get("alternatives", []) if a["class"] not in ranked]
         predicted = top["class"] if top else "none"
         gold = record["failure_class"]
-        per_class[gold]["total"] += 1
-        per_class[gold]["hit"] += predicted == gold
-        if predicted != gold:
-            misses.append({"id": record["id"], "gold": gold, "predicted": predicted,
-                           "others": [f["class"] for f in data["findings"][1:]]})
-        for name, ok, detail in consistency(record, top if predicted == gold else None):
+        hit, hit3 = predicted == gold, gold in ranked[:3]
+        for counter in (per_class[gold], groups[record["_file"]], groups[_source_group(record)], groups["all"]):
+            counter["total"] += 1
+            counter["hit"] += hit
+            counter["hit3"] += hit3
+        if top is None:
+            silent.append(record["id"])
+        if not hit:
+            misses.append({"id": record["id"], "gold": gold, "predicted": predicted, "others": ranked[1:]})
+        for name, ok, detail in consistency(record, top):
             checks.append({"id": record["id"], "check": name, "ok": ok, "detail": detail})
-    total = sum(c["total"] for c in per_class.values())
-    hits = sum(c["hit"] for c in per_class.values())
-    return {"records": total, "top1": hits / total if total else 0.0, "hits": hits,
-            "per_class": {k: {"hit": v["hit"], "total": v["total"]} for k, v in sorted(per_class.items())},
-            "misses": misses, "checks": checks}
+    total = groups["all"]["total"]
+    return {"records": total, "top1": groups["all"]["hit"] / total if total else 0.0, "hits": groups["all"]["hit"],
+            "top3": groups["all"]["hit3"] / total if total else 0.0, "no_finding": silent,
+            "per_class": {k: dict(v) for k, v in sorted(per_class.items())},
+            "groups": {k: dict(v) for k, v in groups.items()}, "misses": misses, "checks": checks}
+
+
+def run(path: Path) -> dict:
+    return run_records(load([path]))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="vllm_failures.jsonl")
+    parser.add_argument("--data", type=Path, nargs="+", default=list(ALL_DATA), help="failure JSONL files")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--show-misses", action="store_true")
     args = parser.parse_args(argv)
-    if not args.data.is_file():
-        print(f"no data at {args.data} (pass --data PATH)", file=sys.stderr)
+    missing = [str(p) for p in args.data if not p.is_file()]
+    if len(missing) == len(args.data):
+        print(f"no data at {', '.join(missing)} (pass --data PATH)", file=sys.stderr)
         return 2
-    result = run(args.data)
+    result = run_records(load(args.data))
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"top-1 class accuracy: {result['hits']}/{result['records']} = {result['top1']:.1%} (target {TARGET:.0%})")
-    print(f"{'class':<26} {'top-1':>7}")
+    pct = lambda c, k: f"{c[k]}/{c['total']} = {c[k] / c['total']:.0%}" if c["total"] else "-"  # noqa: E731
+    print(f"top-1 class accuracy: {result['hits']}/{result['records']} = {result['top1']:.1%}, top-3 "
+          f"{result['top3']:.1%} (target {TARGET:.0%}); no finding on {len(result['no_finding'])} real failures")
+    print(f"\n{'records':<34} {'top-1':>14} {'top-3':>14}")
+    for name, c in result["groups"].items():
+        print(f"{name:<34} {pct(c, 'hit'):>14} {pct(c, 'hit3'):>14}")
+    print(f"\n{'class':<26} {'top-1':>14} {'top-3':>14}")
     for cls, c in result["per_class"].items():
-        print(f"{cls:<26} {c['hit']:>3}/{c['total']:<3}")
+        print(f"{cls:<26} {pct(c, 'hit'):>14} {pct(c, 'hit3'):>14}")
     by_check: dict[str, Counter] = defaultdict(Counter)
     for c in result["checks"]:
         by_check[c["check"]]["total"] += 1
         by_check[c["check"]]["ok"] += c["ok"]
-    print("\nfix consistency (records with numbers):")
+    print("\nfix consistency (every record whose numbers allow a check, whatever class was named):")
     for name, c in by_check.items():
         print(f"  {name:<36} {c['ok']}/{c['total']}")
     if args.show_misses:

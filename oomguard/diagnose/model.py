@@ -58,10 +58,12 @@ class Finding:
     command: str | None = None
     notes: list[str] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)
+    alternatives: list[dict] = field(default_factory=list)   # [{class, confidence, why}], most likely first
 
     def to_dict(self) -> dict:
         out = {"class": self.cls, "confidence": round(self.confidence, 2), "summary": self.summary,
-               "evidence": [e.to_dict() for e in self.evidence], "fixes": [f.to_dict() for f in self.fixes]}
+               "evidence": [e.to_dict() for e in self.evidence], "fixes": [f.to_dict() for f in self.fixes],
+               "alternatives": list(self.alternatives)}
         if self.command:
             out["command"] = self.command
         if self.notes:

@@ -15,7 +15,7 @@ from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
 from oomguard.engines.vllm import signatures as vllm_signatures
-from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES
+from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES, stage_of
 
 MAX_FINDINGS = 5
 MIN_SCORE = 0.3
@@ -653,13 +653,43 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     findings = [f for w, _, f, _ in scored if w >= MIN_SCORE][:MAX_FINDINGS]
     for w, _, f, _ in scored:
         f.confidence = round(min(max(w, 0.05), 0.99), 2)
-    if not findings and scanner.error_lines:
-        findings.append(Finding("unknown", 0.2, "No known failure signature matched; these are the last error lines.",
-                                [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines],
-                                [Fix("nothing in oomguard's signature tables matched",
-                                     action="read the first ERROR/Traceback in the log; if it is an engine failure, "
-                                            "report it with the log")]))
+    stage = stage_of(scanner.frames)
+    if not findings and (scanner.error_lines or stage):
+        findings.append(_from_stage(scanner, stage))
+    if findings:
+        _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage)
     return findings
+
+
+def _from_stage(scanner: Scanner, stage) -> Finding:
+    """No known message: the stage the traceback stands in, or `unknown`, saying what the text lacks."""
+    evidence = [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines]
+    missing = "the final exception line (the last lines of the traceback)" if scanner.frames else \
+        "a message oomguard knows"
+    if stage is None:
+        return Finding("unknown", 0.2, f"No known failure message matched, and the text lacks {missing}.", evidence,
+                       [Fix("the cause is in the lines the text does not show",
+                            action="paste the whole log from the first ERROR or Traceback to its end")])
+    return Finding(stage.classes[0], 0.35,
+                   f"The text stops inside {stage.where} without {missing}; there, the usual cause is "
+                   f"{stage.classes[0].replace('_', ' ')}.", evidence,
+                   [Fix("the exception names the cause", action="paste the last lines of the traceback to confirm")],
+                   notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
+
+
+def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
+    """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage."""
+    seen = {top.cls}
+    for other in others:
+        if other.cls not in seen and len(top.alternatives) < 3:
+            seen.add(other.cls)
+            top.alternatives.append({"class": other.cls, "confidence": other.confidence,
+                                     "why": other.summary.split(". ")[0][:200]})
+    for cls in stage.classes if stage else ():
+        if cls not in seen and len(top.alternatives) < 3:
+            seen.add(cls)
+            top.alternatives.append({"class": cls, "confidence": 0.2,
+                                     "why": f"the traceback stands in {stage.where}"})
 
 
 def _build(cls: str, numbers: dict, facts: dict, hits: ClassHits | None, why: str) -> tuple[str, list[Fix]]:

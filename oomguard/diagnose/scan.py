@@ -36,6 +36,9 @@ TAIL = 160            # characters of the previous line a needle may start in
 _PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+(?:, ip=[\w.:-]+)?\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
                      r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]|\[[\w ,:.-]*\]|[\w.-]+\s+\|(?=\s))\s*")
 _PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)(?:, ip=[\w.:-]+)?\)")
+# what marks a line as part of a failure: exceptions, frames, and the words engines and clients fail with
+_ERROR_WORDS = re.compile(r"rror|xception|fail|traceback|\bhang|stuck|file \"|cannot|can't|couldn't|unable to|not found|"
+                          r"refused|denied|not supported|invalid|fatal|abort|killed|out of memory|exceed|timed? ?out")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 
@@ -197,8 +200,7 @@ class Scanner:
         joined = self._prev + " " + stripped
         boundary = len(self._prev) + 1
         self._prev = stripped[-TAIL:]
-        if ("rror" in lower or "xception" in lower or "failed" in lower or "traceback" in lower or "hang" in lower
-                or "stuck" in lower) and stripped:
+        if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
         needles = self._matcher.find(joined, boundary)
         if not needles:
@@ -221,6 +223,11 @@ class Scanner:
                 elif kind == "traceback":
                     self._frames_for(process).clear()
         self._prev_raw = text
+
+    @property
+    def frames(self) -> tuple[str, ...]:
+        """The functions of the tracebacks read, every process together, outermost first (bounded)."""
+        return tuple(self._frames.get("*", ()))
 
     def finish(self) -> None:
         for pending in self._pending:

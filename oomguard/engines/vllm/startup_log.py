@@ -7,6 +7,8 @@ value(s) out by named group (`v` for a single value). Facts with the same name: 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import re
 
 _C = re.IGNORECASE
@@ -143,3 +145,46 @@ RUNTIME_FRAMES = frozenset({
     "_sample", "sample_tokens", "_prepare_inputs", "execute_model_async", "_execute_model", "_model_forward",
     "compute_logits", "_run_engine", "generate",
 })
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Where a traceback stands, read from its frames, and the failure classes that stage usually ends in."""
+
+    where: str
+    classes: tuple[str, ...]
+    frames: frozenset[str]
+
+
+# Innermost first wins (a tokenizer call inside a request is a tokenizer problem). Function names from vLLM's
+# worker, engine, loader and entrypoint modules, Ray's placement and torch.distributed's setup.
+STAGES: tuple[Stage, ...] = (
+    Stage("the tokenizer or chat template", ("tokenizer_chat_template", "engine_bug"), frozenset({
+        "apply_chat_template", "get_tokenizer", "cached_get_tokenizer", "_apply_hf_chat_template",
+        "resolve_chat_template", "parse_chat_messages", "_tokenize_prompt_input", "init_tokenizer_from_configs"})),
+    Stage("request validation", ("context_too_long", "engine_bug"), frozenset({
+        "_validate_model_input", "_validate_model_inputs", "_validate_input", "_validate_prompt_len",
+        "_check_max_tokens"})),
+    Stage("downloading or opening the model files", ("model_access", "engine_bug"), frozenset({
+        "hf_hub_download", "snapshot_download", "get_config", "cached_file", "get_hf_file_to_dict",
+        "file_or_path_exists", "download_weights_from_hf", "get_model_path", "maybe_model_redirect"})),
+    Stage("Ray's placement of the workers", ("tp_misconfig", "nccl"), frozenset({
+        "initialize_ray_cluster", "_wait_until_pg_ready", "_init_workers_ray", "placement_group",
+        "_verify_bundles"})),
+    Stage("setting up the distributed group", ("nccl", "tp_misconfig"), frozenset({
+        "init_distributed_environment", "initialize_model_parallel", "ensure_model_parallel_initialized",
+        "init_process_group", "init_world_group", "CustomAllreduce", "all_reduce", "_all_reduce_out_place",
+        "broadcast", "barrier"})),
+    Stage("the startup profile run or CUDA graph capture", ("oom_profiling_or_graph", "engine_bug"), PROFILE_FRAMES),
+    Stage("model loading", ("oom_weights_load", "quantization_mismatch", "model_access"), WEIGHT_FRAMES),
+    Stage("a serving step", ("oom_runtime", "engine_bug"), RUNTIME_FRAMES),
+)
+
+
+def stage_of(frames) -> Stage | None:
+    """The stage of the innermost frame any stage knows (frames outermost first, as a traceback prints them)."""
+    for func in reversed(tuple(frames)):
+        for stage in STAGES:
+            if func in stage.frames:
+                return stage
+    return None
