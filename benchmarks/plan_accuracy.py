@@ -9,7 +9,8 @@ verdict accuracy, the skipped records with the reason, and two baselines compute
   static  what static planners do: exact weights and exact per-token KV bytes, KV = total x util - weights
 Then the same errors per vLLM version band, GPU class and architecture, and a leave-one-band-out run: the
 fitted coefficients (benchmarks/fit_profile.py) refitted without a band's records, that band scored with them.
-Records without a printed version use benchmarks/data/startup_logs/inferred_versions.json (each says why).
+Records without a printed version use benchmarks/data/startup_logs/inferred_versions.json (each says why); a GPU a
+collector presumed and the record's own figures contradict is corrected in inferred_gpus.json (each says why).
 Usage: python benchmarks/plan_accuracy.py [--data PATH ...] [--json] [--per-record]
 """
 
@@ -40,6 +41,7 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data" / "vllm_startup_logs.jsonl"
 ALL_DATA = (DEFAULT_DATA, ROOT.parent / "shared" / "data" / "batch2" / "vllm_startup_logs.jsonl",
             *sorted((ROOT / "benchmarks" / "data" / "startup_logs").glob("*.jsonl")))
 INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_versions.json"
+INFERRED_GPUS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_gpus.json"
 # coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
 BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib",
                  "non_torch_single_gib": "non_torch_single_early_gib",
@@ -100,6 +102,8 @@ def record_inputs(r: dict):
     cfg = EngineConfig(
         tensor_parallel_size=r.get("tensor_parallel_size") or 1,
         pipeline_parallel_size=r.get("pipeline_parallel_size") or 1,
+        data_parallel_size=r.get("data_parallel_size") or 1,
+        enable_expert_parallel=bool(r.get("enable_expert_parallel")),
         gpu_memory_utilization=r.get("gpu_memory_utilization"),
         max_model_len=r.get("max_model_len"), max_num_seqs=r.get("max_num_seqs"),
         max_num_batched_tokens=r.get("max_num_batched_tokens"),
@@ -110,7 +114,8 @@ def record_inputs(r: dict):
     model = from_catalog(model_id(r)) if catalog_entry(model_id(r)) else resolve_by_name(model_id(r))
     if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
         cfg = replace(cfg, quantization=None)
-    gpus = max(r.get("num_gpus") or 1, cfg.tensor_parallel_size * cfg.pipeline_parallel_size)
+    gpus = max(r.get("num_gpus") or 1,
+               cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.data_parallel_size)
     return model, gpu, cfg, version, gpus, r.get("engine")
 
 
@@ -147,6 +152,7 @@ def baselines(model, gpu, report) -> tuple[dict, dict]:
 def load_records(paths, date_versions: bool = True) -> list[dict]:
     """Every record of the files, with a dated version where the log printed none (marked `version_inferred`)."""
     inferred = json.loads(INFERRED_VERSIONS.read_text()) if date_versions and INFERRED_VERSIONS.is_file() else {}
+    gpus = json.loads(INFERRED_GPUS.read_text()) if INFERRED_GPUS.is_file() else {}
     records = []
     for path in paths:
         if not Path(path).is_file():
@@ -156,6 +162,8 @@ def load_records(paths, date_versions: bool = True) -> list[dict]:
                 r = json.loads(line)
                 if not r.get("vllm_version") and r["id"] in inferred:
                     r = {**r, "vllm_version": inferred[r["id"]]["version"], "version_inferred": inferred[r["id"]]["why"]}
+                if r["id"] in gpus:
+                    r = {**r, "gpu_model": gpus[r["id"]]["gpu_model"], "gpu_inferred": gpus[r["id"]]["why"]}
                 records.append(r)
     return records
 

@@ -1,5 +1,7 @@
 """config.json fields that transformers' config classes supply by default are part of the model."""
 
+import pytest
+
 from oomguard.models.spec import parse_config
 
 # google/gemma-3-4b-it's text_config as published: no vocab_size, no attention head counts (Gemma3TextConfig's)
@@ -73,3 +75,18 @@ def test_vision_config_fields_left_out_take_transformers_defaults():
 
     awq = from_catalog("Qwen/Qwen2.5-VL-72B-Instruct-AWQ").vision
     assert awq is not None and awq.params == from_catalog("Qwen/Qwen2.5-VL-72B-Instruct").vision.params
+
+
+@pytest.mark.parametrize("model_type, words", [
+    ("gemma4_text", "per-layer embeddings"), ("deepseek_v4", "compressed attention"),
+    ("glm_moe_dsa", "indexer's own KV cache"), ("brand_new_arch", "is not modelled yet"),
+])
+def test_a_model_type_not_modelled_is_refused_by_name(model_type, words):
+    """A decoder whose layers oomguard has not read is refused, never planned with the dense formula."""
+    from oomguard.errors import NotSupportedError
+    from oomguard.models.spec import parse_config
+
+    config = {"model_type": model_type, "architectures": ["X"], "hidden_size": 1024, "num_hidden_layers": 4,
+              "num_attention_heads": 8, "vocab_size": 32000, "intermediate_size": 4096}
+    with pytest.raises(NotSupportedError, match=words):
+        parse_config(config, f"org/{model_type}")

@@ -45,4 +45,4 @@ def test_like_names_the_base_and_an_unknown_base_is_one_line(capsys):
 
 def test_a_name_that_matches_nothing_keeps_the_catalog_error():
     with pytest.raises(UsageError, match="not in the offline catalog"):
-        load_model("nvidia/Qwen3.6-35B-A3B-NVFP4")
+        load_model("someone/Totally-Unknown-Model-9B")

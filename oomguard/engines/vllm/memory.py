@@ -310,7 +310,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     notes: list[str] = []
     warnings: list[str] = []
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
-    par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel)
+    par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel, dp=cfg.data_parallel_size)
     total = gpu.total_memory_bytes
     if gpu.unified_memory and free_memory_bytes is None:
         notes.append(f"{gpu.name} shares its {gpu.total_memory_bytes / GiB:.2f} GiB with the CPU: vLLM counts what the "

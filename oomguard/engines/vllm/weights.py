@@ -24,6 +24,7 @@ class Parallel:
     tp: int = 1
     pp: int = 1
     ep: bool = False  # --enable-expert-parallel: experts split over tp*dp ranks at full width
+    dp: int = 1       # data parallel ranks: replicas, but one expert group under EP (FusedMoEParallelConfig.make)
 
     def stage_layers(self, num_layers: int, stage: int) -> range:
         """vllm/distributed/utils.py:get_pp_indices: remainder layers go to the stages before the last."""
@@ -167,7 +168,7 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
     mats = 3 if model.gated_mlp else 2   # gate, up, down; or up, down (relu2)
     if ffn == "moe":
         inter = moe.expert_intermediate_size
-        experts_here, width = (cdiv(moe.num_experts, tp), inter) if par.ep else (moe.num_experts, inter // tp)
+        experts_here, width = (cdiv(moe.num_experts, tp * par.dp), inter) if par.ep else (moe.num_experts, inter // tp)
         if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
             total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss")
         else:
