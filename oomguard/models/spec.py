@@ -11,7 +11,6 @@ approximated.
 
 from __future__ import annotations
 
-
 import math
 import re
 from dataclasses import dataclass
