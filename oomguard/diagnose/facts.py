@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from oomguard.diagnose.signature import to_number
+from oomguard.failures import to_number
 from oomguard.engines.vllm.startup_log import ENGINE_CONFIG_KEYS
 
 # vLLM argparse dests we carry into a rewritten `vllm serve` line (oomguard.engines.vllm.flags.FLAGS)

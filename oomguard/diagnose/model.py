@@ -8,10 +8,9 @@ added, never renamed: `command` (the user's `vllm serve` line rewritten with the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from oomguard.failures import FailureClass
 
-LOG_CLASSES = ("oom_weights_load", "kv_cache_too_small", "no_cache_blocks", "oom_profiling_or_graph", "oom_runtime",
-               "gpu_memory_in_use", "tp_misconfig", "context_too_long", "tokenizer_chat_template", "connection",
-               "dtype_capability", "quantization_mismatch", "nccl", "model_access", "engine_bug", "unknown")
+LOG_CLASSES = tuple(FailureClass)
 METRIC_CLASSES = ("kv_pressure", "preemptions_rising", "queue_growing", "prefix_cache_low_hit_rate",
                   "memory_growing", "ttft_queue_bound")
 

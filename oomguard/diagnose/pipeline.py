@@ -9,6 +9,7 @@ from oomguard.diagnose import rules
 from oomguard.diagnose.model import Diagnosis
 from oomguard.diagnose.reader import iter_lines, iter_text_lines
 from oomguard.diagnose.scan import Scanner
+from oomguard.failures import FailureClass
 
 
 def diagnose_sources(sources: Iterable[tuple[str, BinaryIO]], command: dict | None = None,
@@ -45,7 +46,8 @@ def _conclude(scanner: Scanner, command: dict | None, use_planner: bool) -> Diag
     if diagnosis.findings:
         from oomguard.diagnose.planner import advise
         top = diagnosis.findings[0]
-        if top.cls not in ("connection", "unknown", "engine_bug", "model_access", "tokenizer_chat_template"):
+        if top.cls not in (FailureClass.CONNECTION, FailureClass.UNKNOWN, FailureClass.ENGINE_BUG,
+                           FailureClass.MODEL_ACCESS, FailureClass.TOKENIZER_CHAT_TEMPLATE):
             advise(top, facts, command, use_planner=use_planner)
     facts["lines_read"] = scanner.lines
     return diagnosis

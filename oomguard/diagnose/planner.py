@@ -10,14 +10,15 @@ from __future__ import annotations
 import shlex
 
 from oomguard.diagnose.model import Finding, Fix
+from oomguard.failures import FailureClass
 
 # facts measured in the log -> the planner's to_dict() key, and the tolerance before we call it a difference
 _COMPARE = (("weights_gib", "weights_gib", 0.05), ("activation_peak_gib", "activation_peak_gib", 0.25),
             ("non_torch_gib", "non_torch_gib", 0.5), ("cuda_graph_gib", "cuda_graph_gib", 0.5),
             ("available_kv_gib", "kv_cache_gib", 0.1), ("kv_cache_tokens", "kv_cache_tokens", 0.1),
             ("num_gpu_blocks", "num_gpu_blocks", 0.1), ("max_concurrency", "max_concurrency", 0.1))
-_MEMORY_CLASSES = {"kv_cache_too_small", "no_cache_blocks", "gpu_memory_in_use", "oom_weights_load",
-                   "oom_profiling_or_graph", "oom_runtime"}
+_MEMORY_CLASSES = {FailureClass.KV_CACHE_TOO_SMALL, FailureClass.NO_CACHE_BLOCKS, FailureClass.GPU_MEMORY_IN_USE,
+                   FailureClass.OOM_WEIGHTS_LOAD, FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.OOM_RUNTIME}
 
 
 def engine_flags(facts: dict) -> dict:
@@ -134,7 +135,7 @@ def advise(finding: Finding, facts: dict, command: dict | None = None, use_plann
             if report.starts:
                 chosen = (fix, dest, report)
                 break
-        if chosen is None and finding.cls == "kv_cache_too_small" and report_now.estimated_max_model_len:
+        if chosen is None and finding.cls == FailureClass.KV_CACHE_TOO_SMALL and report_now.estimated_max_model_len:
             est = report_now.estimated_max_model_len
             fix = Fix("the planner's estimate of the longest context that fits", "--max-model-len", int(est))
             finding.fixes.insert(0, fix)

@@ -16,6 +16,7 @@ from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
 from oomguard.engines.vllm import signatures as vllm_signatures
 from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES, stage_of
+from oomguard.failures import FailureClass
 
 MAX_FINDINGS = 5
 MIN_SCORE = 0.3
@@ -86,56 +87,59 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
     total = n.get("total_gib") or facts.get("total_gpu_memory_gib")
     other = n.get("other_total_gib", 0.0)
     if other and other >= 1.0 and (not total or other >= 0.04 * total):
-        return "gpu_memory_in_use", 0.88, f"other processes hold {other:.2f} GiB of this GPU"
+        return FailureClass.GPU_MEMORY_IN_USE, 0.88, f"other processes hold {other:.2f} GiB of this GPU"
     held_here = _num(n.get("self_gib"), (n.get("reserved_gib") or 0) + 0.5 if "reserved_gib" in n else None)
     free = n.get("free_gib")
     if total and held_here is not None and free is not None:
         hidden = total - free - held_here
         if hidden >= max(2.0, 0.1 * total):
-            return "gpu_memory_in_use", 0.8, f"about {hidden:.2f} GiB of this {total:.2f} GiB GPU is held outside " \
+            return FailureClass.GPU_MEMORY_IN_USE, 0.8, f"about {hidden:.2f} GiB of this {total:.2f} GiB GPU is " \
+                                                        "held outside " \
                                              "this process"
     frames = set(event.frames)
     text = event.text.lower()
     if "warming up sampler" in text or "sampler" in frames:
-        return "oom_profiling_or_graph", 0.9, "it happened while warming up the sampler"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.9, "it happened while warming up the sampler"
     if frames & PROFILE_FRAMES:
         where = "capturing CUDA graphs" if any("captur" in f for f in frames) else "the startup profile run"
-        return "oom_profiling_or_graph", 0.88, f"the traceback is in {where}"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
-        return "oom_weights_load", 0.88, "the traceback is in model loading"
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.88, "the traceback is in model loading"
     order = PHASES
     phase = event.phase
     if not restarted and order.index(final_phase) > order.index(phase):
         phase = final_phase
     if frames & RUNTIME_FRAMES and phase in ("ready", "serving", "start"):
-        return "oom_runtime", 0.85, "the traceback is in a serving step"
+        return FailureClass.OOM_RUNTIME, 0.85, "the traceback is in a serving step"
     if phase == "loading":
-        return "oom_weights_load", 0.8, "it happened while the weights were loading"
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.8, "it happened while the weights were loading"
     if phase in ("weights_loaded", "profiled"):
-        return "oom_profiling_or_graph", 0.8, "it happened after the weights loaded, while vLLM profiled memory"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.8, "it happened after the weights loaded, while vLLM " \
+                                                         "profiled memory"
     if phase == "capturing":
-        return "oom_profiling_or_graph", 0.82, "it happened while vLLM captured CUDA graphs"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.82, "it happened while vLLM captured CUDA graphs"
     if phase in ("ready", "serving"):
-        return "oom_runtime", 0.82, "it happened after startup, while serving"
+        return FailureClass.OOM_RUNTIME, 0.82, "it happened after startup, while serving"
     if str(facts.get("dtype", "")).lower() in ("float", "float32"):
-        return "oom_weights_load", 0.7, "the model runs in float32, which doubles the weights"
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.7, "the model runs in float32, which doubles the weights"
     if frames & RUNTIME_FRAMES:
-        return "oom_runtime", 0.75, "the traceback is in a model step"
+        return FailureClass.OOM_RUNTIME, 0.75, "the traceback is in a model step"
     if "capturing" in hints:
-        return "oom_profiling_or_graph", 0.7, "the text speaks of CUDA graph capture"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.7, "the text speaks of CUDA graph capture"
     if "startup" in hints and "serving" not in hints:
-        return "oom_profiling_or_graph", 0.7, "the text places it at startup, after loading"
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.7, "the text places it at startup, after loading"
     if "loading" in hints and "serving" not in hints:
-        return "oom_weights_load", 0.7, "the text places it while loading the model"
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.7, "the text places it while loading the model"
     if "serving" in hints:
-        return "oom_runtime", 0.7, "the text places it while serving requests"
+        return FailureClass.OOM_RUNTIME, 0.7, "the text places it while serving requests"
     if frames & {"forward", "__call__"}:
-        return "oom_profiling_or_graph", 0.6, "the traceback is in a model forward pass outside any serving step " \
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.6, "the traceback is in a model forward pass outside any " \
+                                                         "serving step " \
                                              "(the startup profile run)"
     self_gib = n.get("self_gib")
     if total and self_gib and self_gib >= 0.8 * total:
-        return "oom_runtime", 0.55, "the process already held most of the GPU"
-    return "oom_runtime", 0.5, "the log does not show where it happened"
+        return FailureClass.OOM_RUNTIME, 0.55, "the process already held most of the GPU"
+    return FailureClass.OOM_RUNTIME, 0.5, "the log does not show where it happened"
 
 
 # -- fixes per class -----------------------------------------------------------------------------------------------
@@ -620,10 +624,10 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
             if len(oom_evidence) < 4:
                 oom_evidence.append((event.source, event.line, event.text))
 
-    hang = classes.get("nccl")
+    hang = classes.get(FailureClass.NCCL)
     world = (facts.get("tensor_parallel_size") or 1) * (facts.get("pipeline_parallel_size") or 1)
     if hang is not None and set(hang.signatures) == {"generic.hang"} and world <= 1:
-        del classes["nccl"]  # a hang on one GPU is not a communication problem
+        del classes[FailureClass.NCCL]  # a hang on one GPU is not a communication problem
     for cls in list(classes) + ([oom_class] if oom_class and oom_class not in classes else []):
         hits = classes.get(cls)
         weight = hits.weight if hits else 0.0
@@ -667,7 +671,8 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
     missing = "the final exception line (the last lines of the traceback)" if scanner.frames else \
         "a message oomguard knows"
     if stage is None:
-        return Finding("unknown", 0.2, f"No known failure message matched, and the text lacks {missing}.", evidence,
+        return Finding(FailureClass.UNKNOWN, 0.2, f"No known failure message matched, and the text lacks {missing}.",
+                       evidence,
                        [Fix("the cause is in the lines the text does not show",
                             action="paste the whole log from the first ERROR or Traceback to its end")])
     return Finding(stage.classes[0], 0.35,
@@ -693,41 +698,43 @@ def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
 
 
 def _build(cls: str, numbers: dict, facts: dict, hits: ClassHits | None, why: str) -> tuple[str, list[Fix]]:
-    if cls == "kv_cache_too_small":
+    if cls == FailureClass.KV_CACHE_TOO_SMALL:
         if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
             return (hits.best.cause if hits.best else "The KV cache does not fit."), [
                 Fix("the KV cache grows with the context", action="lower -c (--ctx-size)"),
                 Fix("a quantized KV cache halves it", "--cache-type-k", "q8_0"),
                 Fix("and the V half (needs flash attention, -fa)", "--cache-type-v", "q8_0")]
         return _kv_too_small(numbers, facts)
-    if cls == "no_cache_blocks":
+    if cls == FailureClass.NO_CACHE_BLOCKS:
         return _no_cache_blocks(numbers, facts)
-    if cls == "gpu_memory_in_use":
+    if cls == FailureClass.GPU_MEMORY_IN_USE:
         return _gpu_in_use(numbers, facts)
-    if cls == "oom_weights_load":
+    if cls == FailureClass.OOM_WEIGHTS_LOAD:
         summary, fixes = _oom_weights(numbers, facts)
         if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
             fixes = [Fix("fewer layers on the GPU; the rest run on the CPU", action="lower -ngl (--n-gpu-layers)"),
                      Fix("a smaller quantization (e.g. Q4_K_M) shrinks the weights", action="use a smaller GGUF")]
         return summary, fixes
-    if cls == "oom_profiling_or_graph":
+    if cls == FailureClass.OOM_PROFILING_OR_GRAPH:
         if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
             return hits.best.cause, [Fix("compute buffers scale with the micro-batch", "-ub", 256),
                                      Fix("and the logical batch", "-b", 512)]
         return _oom_profile(numbers, facts, why)
-    if cls == "oom_runtime":
+    if cls == FailureClass.OOM_RUNTIME:
         return _oom_runtime(numbers, facts, why)
-    builders = {"tp_misconfig": _tp, "context_too_long": _ctx, "tokenizer_chat_template": _template,
-                "connection": _connection, "dtype_capability": _dtype, "quantization_mismatch": _quant,
-                "nccl": _nccl, "model_access": _access, "engine_bug": _bug}
+    builders = {FailureClass.TP_MISCONFIG: _tp, FailureClass.CONTEXT_TOO_LONG: _ctx,
+                FailureClass.TOKENIZER_CHAT_TEMPLATE: _template, FailureClass.CONNECTION: _connection,
+                FailureClass.DTYPE_CAPABILITY: _dtype, FailureClass.QUANTIZATION_MISMATCH: _quant,
+                FailureClass.NCCL: _nccl, FailureClass.MODEL_ACCESS: _access, FailureClass.ENGINE_BUG: _bug}
     if cls in builders:
         return builders[cls](numbers, facts, hits)
     return "Unrecognised failure.", []
 
 
-_SERVER_CLASSES = {"oom_weights_load", "kv_cache_too_small", "no_cache_blocks", "oom_profiling_or_graph",
-                   "oom_runtime", "gpu_memory_in_use", "tp_misconfig", "dtype_capability", "quantization_mismatch",
-                   "nccl", "model_access"}
+_SERVER_CLASSES = {FailureClass.OOM_WEIGHTS_LOAD, FailureClass.KV_CACHE_TOO_SMALL, FailureClass.NO_CACHE_BLOCKS,
+                   FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.OOM_RUNTIME, FailureClass.GPU_MEMORY_IN_USE,
+                   FailureClass.TP_MISCONFIG, FailureClass.DTYPE_CAPABILITY, FailureClass.QUANTIZATION_MISMATCH,
+                   FailureClass.NCCL, FailureClass.MODEL_ACCESS}
 
 
 def _precedence(scored: list) -> list:
@@ -736,17 +743,18 @@ def _precedence(scored: list) -> list:
     out = []
     for weight, line, finding, kind in scored:
         cls = finding.cls
-        if cls == "connection" and strong.keys() & _SERVER_CLASSES:
+        if cls == FailureClass.CONNECTION and strong.keys() & _SERVER_CLASSES:
             weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
-        if cls == "engine_bug" and any(c != "engine_bug" and w >= 0.8 for c, w in strong.items()):
+        if cls == FailureClass.ENGINE_BUG and any(c != FailureClass.ENGINE_BUG and w >= 0.8 for c, w in strong.items()):
             weight = min(weight, 0.6)  # a generic assertion next to a specific error: the specific one explains it
         if kind == "hint":
             # a keyword alone only speaks when nothing firmer was found
             weight = min(weight, 0.25 if any(c != cls for c in strong) else 0.45)
-        if cls in ("oom_runtime", "oom_profiling_or_graph", "oom_weights_load", "no_cache_blocks") and \
-                strong.get("gpu_memory_in_use", 0) >= 0.9:
+        if cls in (FailureClass.OOM_RUNTIME, FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.OOM_WEIGHTS_LOAD,
+                   FailureClass.NO_CACHE_BLOCKS) and \
+                strong.get(FailureClass.GPU_MEMORY_IN_USE, 0) >= 0.9:
             weight -= 0.1   # memory held by another process explains the OOM
-        if cls == "nccl" and kind == "hint" and len(strong) == 0:
+        if cls == FailureClass.NCCL and kind == "hint" and len(strong) == 0:
             weight = max(weight, 0.3)
         out.append((weight, line, finding, kind))
     return out
@@ -766,7 +774,7 @@ def _known_regressions(scored: list, facts: dict) -> None:
             finding.notes.append(regression.text)
             if regression.fixed_in:  # a real misbehaviour: report it as the engine's bug too
                 scored.append((weight - 0.05, 0, Finding(
-                    "engine_bug", weight - 0.05, regression.text, list(finding.evidence),
+                    FailureClass.ENGINE_BUG, weight - 0.05, regression.text, list(finding.evidence),
                     [Fix("the check was fixed upstream", action=f"upgrade vLLM to {regression.fixed_in} or newer")]),
                     "bug"))
             break

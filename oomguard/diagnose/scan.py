@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from oomguard.diagnose import oom
-from oomguard.diagnose.signature import Signature
+from oomguard.failures import Signature
 from oomguard.engines.llamacpp import signatures as llamacpp_signatures
 from oomguard.engines.vllm import signatures as vllm_signatures
 from oomguard.engines.vllm import startup_log
@@ -39,6 +39,7 @@ _PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)(?:, ip=[\w.:
 # what marks a line as part of a failure: exceptions, frames, and the words engines and clients fail with
 _ERROR_WORDS = re.compile(r"rror|xception|fail|traceback|\bhang|stuck|file \"|cannot|can't|couldn't|unable to|not found|"
                           r"refused|denied|not supported|invalid|fatal|abort|killed|out of memory|exceed|timed? ?out")
+_BINARY = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")   # control characters, undecodable bytes
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 
@@ -202,6 +203,9 @@ class Scanner:
         self._prev = stripped[-TAIL:]
         if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
+        if len(_BINARY.findall(text)) * 10 > len(text):   # binary noise, not a log line: no message hides in it
+            self._prev, self._prev_raw = "", ""
+            return
         needles = self._matcher.find(joined, boundary)
         if not needles:
             self._prev_raw = text
@@ -240,7 +244,8 @@ class Scanner:
         if sig.engine != "any":
             self.engines.add(sig.engine)
         if sig.require:  # a common needle: counts only if its pattern matches this line (with the previous tail)
-            if sig.regex is None or not sig.regex.search(joined):
+            raw = self._prev_raw[-TAIL:] + " " + text   # patterns may care for case ("OOM", not "room")
+            if sig.regex is None or not (sig.regex.search(joined) or sig.regex.search(raw)):
                 return seen_oom
             if sig.kind != "oom":
                 self._register(sig, number, text, source)

@@ -18,6 +18,7 @@ from oomguard.engines.vllm.versions import Version
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
+from oomguard.failures import FailureClass
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def _moves(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, report: MemoryRepo
     for tp in range(cfg.tensor_parallel_size + 1, gpu_count // cfg.pipeline_parallel_size + 1):
         if model.num_heads % tp == 0:
             moves.append({"tensor_parallel_size": tp})
-    if c["gpu_memory_utilization"] < 0.95 and report.error_class != "gpu_memory_in_use":
+    if c["gpu_memory_utilization"] < 0.95 and report.error_class != FailureClass.GPU_MEMORY_IN_USE:
         moves.append({"gpu_memory_utilization": 0.95})
     if cfg.kv_cache_dtype == "auto":
         moves.append({"kv_cache_dtype": "fp8"})
@@ -51,7 +52,7 @@ def _moves(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, report: MemoryRepo
         moves.append({"max_num_seqs": max(1, c["max_num_seqs"] // 2)})
     if not cfg.enforce_eager and report.cuda_graphs_in_budget:
         moves.append({"enforce_eager": True})
-    if report.error_class == "gpu_memory_in_use":
+    if report.error_class == FailureClass.GPU_MEMORY_IN_USE:
         free = report.total_memory_bytes - report.start_used_bytes
         moves.append({"gpu_memory_utilization": math.floor((free / report.total_memory_bytes - 0.01) * 100) / 100})
     return moves

@@ -24,6 +24,7 @@ from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
 from oomguard.plan.speed import Speed, decode_speed
 from oomguard.plan.workload import Workload
+from oomguard.failures import FailureClass
 
 # keep-model (the default): the checkpoint the user named at its own precision, on the fewest GPUs, whenever it serves
 # the peak; else the least loss of fidelity (fp8 KV, then 8-bit, then 4-bit weights). The others rank every candidate.
@@ -201,7 +202,7 @@ def _may_relieve(candidate: Candidate, change: dict) -> bool:
     with a KV cache a little short that the freed activation or graph memory would go to."""
     report = candidate.report
     short_kv = report.starts and (report.cuda_graphs_in_budget or "max_num_batched_tokens" in change)
-    if report.error_class != "oom_profiling_or_graph" and not short_kv:
+    if report.error_class != FailureClass.OOM_PROFILING_OR_GRAPH and not short_kv:
         return False
     if "max_num_batched_tokens" in change:
         return report.config["max_num_batched_tokens"] > change["max_num_batched_tokens"]
@@ -250,7 +251,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
                 best = evaluate(ckpt, gpu, gpu_count, workload, version, replace(shape, gpu_memory_utilization=util),
                                 free_memory_bytes)
                 evaluations += 1
-                if best.report.error_class == "gpu_memory_in_use" and "gpu_memory_utilization" not in fixed:
+                if best.report.error_class == FailureClass.GPU_MEMORY_IN_USE and "gpu_memory_utilization" not in fixed:
                     # the CUDA context (and NCCL, with TP) already holds part of the GPU: ask for what is free
                     r = best.report
                     cap = math.floor((1 - r.start_used_bytes / r.total_memory_bytes - UTILIZATION_MARGIN) * 100) / 100
@@ -260,7 +261,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
                         evaluations += 1
                     break
                 if best.feasible or not best.report.starts and best.report.error_class in (
-                        "oom_weights_load", "dtype_capability", "context_too_long"):
+                        FailureClass.OOM_WEIGHTS_LOAD, FailureClass.DTYPE_CAPABILITY, FailureClass.CONTEXT_TOO_LONG):
                     break  # more utilization cannot help these
             # still short: a smaller prefill chunk shrinks the profile run's activation peak; eager mode frees
             # the CUDA-graph memory (in the KV budget from 0.20). Both cost speed, so only when they are needed.

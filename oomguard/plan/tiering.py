@@ -21,6 +21,7 @@ from oomguard.plan.search import Candidate, evaluate, search
 from oomguard.plan.speed import Speed, decode_speed
 from oomguard.plan.workload import Workload
 from oomguard.units import GiB
+from oomguard.failures import FailureClass
 
 SECONDS_PER_TOKEN_IS_UNUSABLE = 1.0
 CONTEXT_STEP_SEARCH = 256          # granularity of the "shorter context" answer
@@ -78,7 +79,7 @@ def describe_break(closest: Candidate | None, workload: Workload, gpu: GpuSpec, 
     where = (f"at best ({closest.gpus} x {gpu.name}, {closest.describe()}, "
              f"gpu_memory_utilization {closest.config.gpu_memory_utilization})")
     if not report.starts:
-        if report.error_class == "oom_weights_load":
+        if report.error_class == FailureClass.OOM_WEIGHTS_LOAD:
             need = report.first.weights_bytes / GiB
             return (f"the weights alone need {need:.1f} GiB per GPU {where} but each GPU has "
                     f"{report.total_memory_bytes / GiB:.1f} GiB: vLLM fails while loading them")

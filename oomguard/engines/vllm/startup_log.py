@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import re
+from oomguard.failures import FailureClass
 
 _C = re.IGNORECASE
 
@@ -159,25 +160,27 @@ class Stage:
 # Innermost first wins (a tokenizer call inside a request is a tokenizer problem). Function names from vLLM's
 # worker, engine, loader and entrypoint modules, Ray's placement and torch.distributed's setup.
 STAGES: tuple[Stage, ...] = (
-    Stage("the tokenizer or chat template", ("tokenizer_chat_template", "engine_bug"), frozenset({
+    Stage("the tokenizer or chat template", (FailureClass.TOKENIZER_CHAT_TEMPLATE, FailureClass.ENGINE_BUG), frozenset({
         "apply_chat_template", "get_tokenizer", "cached_get_tokenizer", "_apply_hf_chat_template",
         "resolve_chat_template", "parse_chat_messages", "_tokenize_prompt_input", "init_tokenizer_from_configs"})),
-    Stage("request validation", ("context_too_long", "engine_bug"), frozenset({
+    Stage("request validation", (FailureClass.CONTEXT_TOO_LONG, FailureClass.ENGINE_BUG), frozenset({
         "_validate_model_input", "_validate_model_inputs", "_validate_input", "_validate_prompt_len",
         "_check_max_tokens"})),
-    Stage("downloading or opening the model files", ("model_access", "engine_bug"), frozenset({
+    Stage("downloading or opening the model files", (FailureClass.MODEL_ACCESS, FailureClass.ENGINE_BUG), frozenset({
         "hf_hub_download", "snapshot_download", "get_config", "cached_file", "get_hf_file_to_dict",
         "file_or_path_exists", "download_weights_from_hf", "get_model_path", "maybe_model_redirect"})),
-    Stage("Ray's placement of the workers", ("tp_misconfig", "nccl"), frozenset({
+    Stage("Ray's placement of the workers", (FailureClass.TP_MISCONFIG, FailureClass.NCCL), frozenset({
         "initialize_ray_cluster", "_wait_until_pg_ready", "_init_workers_ray", "placement_group",
         "_verify_bundles"})),
-    Stage("setting up the distributed group", ("nccl", "tp_misconfig"), frozenset({
+    Stage("setting up the distributed group", (FailureClass.NCCL, FailureClass.TP_MISCONFIG), frozenset({
         "init_distributed_environment", "initialize_model_parallel", "ensure_model_parallel_initialized",
         "init_process_group", "init_world_group", "CustomAllreduce", "all_reduce", "_all_reduce_out_place",
         "broadcast", "barrier"})),
-    Stage("the startup profile run or CUDA graph capture", ("oom_profiling_or_graph", "engine_bug"), PROFILE_FRAMES),
-    Stage("model loading", ("oom_weights_load", "quantization_mismatch", "model_access"), WEIGHT_FRAMES),
-    Stage("a serving step", ("oom_runtime", "engine_bug"), RUNTIME_FRAMES),
+    Stage("the startup profile run or CUDA graph capture",
+          (FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.ENGINE_BUG), PROFILE_FRAMES),
+    Stage("model loading",
+          (FailureClass.OOM_WEIGHTS_LOAD, FailureClass.QUANTIZATION_MISMATCH, FailureClass.MODEL_ACCESS), WEIGHT_FRAMES),
+    Stage("a serving step", (FailureClass.OOM_RUNTIME, FailureClass.ENGINE_BUG), RUNTIME_FRAMES),
 )
 
 

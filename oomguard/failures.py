@@ -1,6 +1,6 @@
-"""What a signature is: a known message text, the failure class it points to, and the numbers it carries.
+"""The failure vocabulary engines and diagnose share: the classes a failure falls in, and what a known message is.
 
-Engines keep their own tables (`oomguard/engines/<engine>/signatures.py`); this module only defines the shape.
+Engines keep their own message tables (`oomguard/engines/<engine>/signatures.py`); diagnose reads any of them.
 A signature is found by its `needle` (a short literal, matched case-insensitively, that may wrap over two log
 lines), then `pattern` (a regex over the hit line and the next few lines, whitespace collapsed) pulls the
 numbers out by named group. `weight` is how sure the text alone makes us of the class (0..1).
@@ -10,6 +10,35 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class FailureClass(str, Enum):
+    """Why a serving engine failed, as a user would fix it (../shared/data/README.md's classes)."""
+
+    OOM_WEIGHTS_LOAD = "oom_weights_load"
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+    NO_CACHE_BLOCKS = "no_cache_blocks"
+    OOM_PROFILING_OR_GRAPH = "oom_profiling_or_graph"
+    OOM_RUNTIME = "oom_runtime"
+    GPU_MEMORY_IN_USE = "gpu_memory_in_use"
+    TP_MISCONFIG = "tp_misconfig"
+    CONTEXT_TOO_LONG = "context_too_long"
+    TOKENIZER_CHAT_TEMPLATE = "tokenizer_chat_template"
+    CONNECTION = "connection"
+    DTYPE_CAPABILITY = "dtype_capability"
+    QUANTIZATION_MISMATCH = "quantization_mismatch"
+    NCCL = "nccl"
+    MODEL_ACCESS = "model_access"
+    ENGINE_BUG = "engine_bug"
+    UNKNOWN = "unknown"
+
+    __str__ = str.__str__   # prints and formats as its value, "oom_runtime"
+
+    @property
+    def words(self) -> str:
+        return self.value.replace("_", " ")
+
 
 # kinds: "error" classifies by itself; "oom" is an out-of-memory event classified by phase and numbers;
 # "hint" is weak evidence (kept, ranked low); "bug" points at the engine itself.
@@ -19,7 +48,7 @@ KINDS = ("error", "oom", "hint", "bug")
 @dataclass(frozen=True)
 class Signature:
     id: str
-    cls: str
+    cls: FailureClass
     needle: str
     weight: float
     source: str
@@ -31,6 +60,7 @@ class Signature:
     regex: re.Pattern | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cls", FailureClass(self.cls))   # a class name not in the vocabulary fails here
         if self.kind not in KINDS:
             raise ValueError(f"{self.id}: unknown kind {self.kind!r}")
         if self.needle != self.needle.lower():
