@@ -8,9 +8,12 @@ numbers out by named group. `weight` is how sure the text alone makes us of the 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from importlib import resources
+from typing import Protocol
 
 
 class FailureClass(str, Enum):
@@ -93,3 +96,55 @@ def to_number(value: str) -> float | int | str:
         return float(text)
     except ValueError:
         return value.strip()
+
+
+@dataclass
+class Fix:
+    reason: str
+    flag: str | None = None
+    value: object = None
+    action: str | None = None
+
+    def to_dict(self) -> dict:
+        if self.flag is not None:
+            return {"flag": self.flag, "value": self.value, "reason": self.reason}
+        return {"action": self.action or "", "reason": self.reason}
+
+    def render(self) -> str:
+        if self.flag is None:
+            return self.action or ""
+        if self.flag.startswith("-"):
+            if self.value is True:
+                return self.flag
+            return f"{self.flag} {self.value}"
+        return f"{self.flag}={self.value}"  # an environment variable
+
+
+class Hits(Protocol):
+    """What matched for one class: the signatures by id, the surest one, and each hit's numbers."""
+
+    signatures: dict
+    best: Signature | None
+    all_numbers: object
+
+
+def message_table(package: str, name: str = "messages.json", engine: str = "any",
+                  known: tuple[Signature, ...] = ()) -> tuple[Signature, ...]:
+    """The reviewed message table shipped in `package` (texts extracted from the engine's sources by
+    scripts/extract_messages.py, each mapped to a class), as signatures. A needle a hand-written signature in
+    `known` already has is left to it (those carry patterns for the numbers a fix needs). An out-of-memory
+    message that can come at any stage (an allocator's) is placed by the traceback like the others."""
+    rows = json.loads(resources.files(package).joinpath(name).read_text(encoding="utf-8"))["messages"]
+    taken = {sig.needle for sig in known}
+    out = []
+    for row in rows:
+        if row["needle"] in taken:
+            continue
+        taken.add(row["needle"])
+        cls = FailureClass(row["class"])
+        placed = cls.value.startswith("oom_") and row.get("stage") in ("runtime", None)
+        out.append(Signature(row["id"], cls, row["needle"], float(row["weight"]), row["source"],
+                             pattern=row.get("pattern") or None, kind="oom" if placed else "error",
+                             cause=row.get("cause", ""), engine=engine))
+    return tuple(out)
+

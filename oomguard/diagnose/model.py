@@ -8,33 +8,12 @@ added, never renamed: `command` (the user's `vllm serve` line rewritten with the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from oomguard.failures import FailureClass
+
+from oomguard.failures import FailureClass, Fix
 
 LOG_CLASSES = tuple(FailureClass)
 METRIC_CLASSES = ("kv_pressure", "preemptions_rising", "queue_growing", "prefix_cache_low_hit_rate",
                   "memory_growing", "ttft_queue_bound")
-
-
-@dataclass
-class Fix:
-    reason: str
-    flag: str | None = None
-    value: object = None
-    action: str | None = None
-
-    def to_dict(self) -> dict:
-        if self.flag is not None:
-            return {"flag": self.flag, "value": self.value, "reason": self.reason}
-        return {"action": self.action or "", "reason": self.reason}
-
-    def render(self) -> str:
-        if self.flag is None:
-            return self.action or ""
-        if self.flag.startswith("-"):
-            if self.value is True:
-                return self.flag
-            return f"{self.flag} {self.value}"
-        return f"{self.flag}={self.value}"  # an environment variable
 
 
 @dataclass

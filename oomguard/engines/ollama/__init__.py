@@ -1,0 +1,1 @@
+"""Ollama: the table of its user-visible messages (messages.json) for `oomguard diagnose`."""
