@@ -71,6 +71,9 @@ class Signature:
         if self.pattern is not None:
             object.__setattr__(self, "regex", re.compile(self.pattern, re.IGNORECASE))
 
+    def describe(self, numbers: dict) -> str:
+        return fill(self.cause, numbers)
+
     def numbers(self, text: str) -> dict[str, float | str]:
         """Named groups of `pattern` found in `text`, numbers as int/float, the rest as str."""
         if self.regex is None:
@@ -126,6 +129,15 @@ class Hits(Protocol):
     signatures: dict
     best: Signature | None
     all_numbers: object
+
+
+def fill(template: str, numbers: dict) -> str:
+    """A cause with its {placeholders} filled from the numbers read; without them, the words before the first."""
+    try:
+        return template.format(**{k: (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and v >= 10000
+                                      else v) for k, v in numbers.items()})
+    except (KeyError, IndexError, ValueError):
+        return template.split("{")[0].rstrip(" (,") + ("." if "{" in template else "")
 
 
 def message_table(package: str, name: str = "messages.json", engine: str = "any",

@@ -13,6 +13,8 @@ from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
 from oomguard.engines.llamacpp import fixes as llamacpp
+from oomguard.engines.ollama import fixes as ollama
+from oomguard.engines.sglang import fixes as sglang
 from oomguard.engines.vllm import fixes as vllm
 from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES, stage_of
 from oomguard.failures import FailureClass
@@ -188,13 +190,17 @@ def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
                                      "why": f"the traceback stands in {stage.where}"})
 
 
+# engines whose own messages bring their own fixes; vLLM's are the default (its flags are the users' usual ones)
+_ENGINE_FIXES = {"llamacpp": llamacpp.build, "sglang": sglang.build, "ollama": ollama.build}
+
+
 def _build(cls: FailureClass, numbers: dict, facts: dict, hits: ClassHits | None, why: str) -> tuple[str, list[Fix]]:
     """The engine whose message is the evidence gives the fixes, in its own flags."""
-    if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
-        built = llamacpp.build(cls, numbers, facts, hits, why)
-        if built is not None:
-            return built
-    return vllm.build(cls, numbers, facts, hits, why)
+    engine = hits.best.engine if hits and hits.best else "any"   # the surest message's engine (SGLang and vLLM
+    if engine == "any" and hits:                                    # share some wordings)
+        engine = next((s.engine for s in hits.signatures.values() if s.engine == "llamacpp"), "any")
+    built = _ENGINE_FIXES[engine](cls, numbers, facts, hits, why) if engine in _ENGINE_FIXES else None
+    return built or vllm.build(cls, numbers, facts, hits, why)
 
 
 _SERVER_CLASSES = {FailureClass.OOM_WEIGHTS_LOAD, FailureClass.KV_CACHE_TOO_SMALL, FailureClass.NO_CACHE_BLOCKS,

@@ -14,15 +14,19 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from oomguard.diagnose import oom
-from oomguard.failures import Signature
+from oomguard.failures import Signature, message_table
 from oomguard.engines.llamacpp import signatures as llamacpp_signatures
 from oomguard.engines.vllm import signatures as vllm_signatures
 from oomguard.engines.vllm import startup_log
 
 from oomguard.diagnose import common_signatures
 
-ALL_SIGNATURES: tuple[Signature, ...] = (vllm_signatures.SIGNATURES + llamacpp_signatures.SIGNATURES
-                                         + common_signatures.SIGNATURES)
+_WRITTEN = vllm_signatures.SIGNATURES + llamacpp_signatures.SIGNATURES + common_signatures.SIGNATURES
+# hand-written signatures (with the patterns fixes need) first; the tables read from each engine's source add the
+# wordings they lack (failures.message_table)
+ALL_SIGNATURES: tuple[Signature, ...] = _WRITTEN + message_table("oomguard.engines.sglang", engine="sglang",
+                                                                 known=_WRITTEN)
+ALL_SIGNATURES += message_table("oomguard.engines.ollama", engine="ollama", known=ALL_SIGNATURES)
 
 WINDOW = 4            # lines after a hit read for its numbers
 EVIDENCE_FIRST = 3    # evidence lines kept per class: the first few ...

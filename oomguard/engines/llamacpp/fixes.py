@@ -10,7 +10,7 @@ from oomguard.failures import FailureClass, Fix, Hits
 
 def build(cls: FailureClass, n: dict, facts: dict, hits: Hits | None, why: str = "") -> tuple[str, list[Fix]] | None:
     """The cause and fixes for a finding llama.cpp's messages support; None where vLLM's builder applies."""
-    cause = hits.best.cause if hits and hits.best else ""
+    cause = hits.best.describe(n) if hits and hits.best else ""
     if cls == FailureClass.KV_CACHE_TOO_SMALL:
         return cause or "The KV cache does not fit.", [
             Fix("the KV cache grows with the context", action="lower -c (--ctx-size)"),

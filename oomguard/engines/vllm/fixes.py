@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from oomguard.failures import FailureClass, Fix, Hits
+from oomguard.failures import FailureClass, Fix, Hits, fill
 
 DEFAULT_UTILIZATION = 0.9   # vLLM's default when the log does not say its version (0.92 from 0.20)
 SAFETY_GIB = 0.5            # kept free below another process's memory when sizing gpu_memory_utilization
@@ -513,14 +513,6 @@ def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
                                                              "with this log"))
     cause = hits.best.cause if hits and hits.best else "The engine hit an internal error."
     return cause + " This is the engine's bug, not your configuration.", fixes
-
-
-def fill(template: str, numbers: dict) -> str:
-    try:
-        return template.format(**{k: (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and v >= 10000
-                                      else v) for k, v in numbers.items()})
-    except (KeyError, IndexError, ValueError):
-        return template.split("{")[0].rstrip(" (,") + ("." if "{" in template else "")
 
 
 BUILDERS = {
