@@ -277,3 +277,45 @@ def test_sglang_kv_pressure_and_low_hit_rate_is_read():
     sample = parse_metrics(page)
     assert sample.engine == "sglang" and sample.kv_usage == 0.96 and sample.waiting == 7
     assert [f.cls for f in metric_findings([(0.0, sample)])] == ["kv_pressure"]
+
+
+LLAMACPP_NEW = """# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 5120
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 4
+# TYPE llamacpp:requests_deferred gauge
+llamacpp:requests_deferred 9
+"""
+
+
+@pytest.fixture
+def pages_server():
+    s = Server({"/metrics": [LLAMACPP_NEW], "/idle/metrics": [vllm_page(kv=0.1, waiting=0, preempt=0, hits=80000)]})
+    yield s
+    s.close()
+
+
+def test_llama_server_with_every_slot_busy_and_requests_deferred_is_at_capacity(pages_server, capsys):
+    code, out, _ = diagnose(["--metrics", pages_server.url("/")], capsys)   # the base URL: /metrics is found
+    assert code == 1
+    top = out["findings"][0]
+    assert top["class"] == "queue_growing" and "9 requests are deferred" in top["summary"]
+    assert {"flag": "-np", "value": 8} == {k: top["fixes"][0][k] for k in ("flag", "value")}
+
+
+def test_an_idle_server_is_not_called_saturated_from_lifetime_averages(pages_server, capsys):
+    # queue time is 80% of TTFT since the server started, but nothing runs or waits now
+    page = vllm_page(kv=0.1, waiting=0, preempt=0, hits=80000).replace("vllm:num_requests_running{" + L[1:] + " 48.0",
+                                                                       "vllm:num_requests_running" + L + " 0")
+    s = Server({"/metrics": [page]})
+    try:
+        code, out, _ = diagnose(["--metrics", s.url("/v1")], capsys)
+    finally:
+        s.close()
+    assert code == 0 and out["findings"] == []
+
+
+def test_shared_capacity_fixes_are_printed_once(server, capsys):
+    _, out, _ = diagnose(["--metrics", server.url("/vllm")], capsys)
+    seen = [json.dumps(f, sort_keys=True) for finding in out["findings"] for f in finding["fixes"]]
+    assert len(seen) == len(set(seen)) and len(out["findings"]) >= 2

@@ -43,9 +43,26 @@ async def _fetch(url: str, timeout: float) -> str:
         raise UsageError(f"cannot read {url}: {type(exc).__name__}: {exc}".rstrip(": ")) from None
 
 
-def scrape(url: str, timeout: float = 10.0) -> EngineSample:
+def metrics_url(url: str) -> str:
+    """The /metrics page of a server given by its base URL (http://host:8000, .../v1) or by the page itself."""
+    from yarl import URL
+
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--metrics takes an http(s) URL, not {url!r} (e.g. http://localhost:8000/metrics)")
+    try:
+        parsed = URL(url)
+    except ValueError as exc:
+        raise UsageError(f"--metrics {url!r} is not a URL ({exc})") from None
+    path = parsed.path.rstrip("/")
+    if path.endswith("/metrics"):
+        return url
+    if path in ("", "/v1"):   # the server's root or its OpenAI base: vLLM, SGLang and llama-server serve /metrics
+        return str(parsed.with_path("/metrics").with_query(None))
+    return url
+
+
+def scrape(url: str, timeout: float = 10.0) -> EngineSample:
+    url = metrics_url(url)
     text = asyncio.run(_fetch(url, timeout))
     try:
         sample = parse_metrics(text)
@@ -189,6 +206,15 @@ def metric_findings(samples: list[tuple[float, EngineSample]]) -> list[Finding]:
                                              action="watch longer (--watch 600); if it keeps growing, restart on a "
                                                     "schedule and report it with the engine version")]))
                 break
+    # every slot busy and requests deferred (engines without a KV gauge: llama-server's -np slots)
+    if sample.kv_usage is None and not any(f.cls == "kv_pressure" for f in findings):
+        deferred = max(samples, key=lambda s: s[1].waiting or 0.0)[1]
+        if (deferred.waiting or 0) > 0:
+            findings.append(Finding("queue_growing", 0.8, f"All {deferred.running or 0:.0f} busy slots are full and "
+                                    f"{deferred.waiting:.0f} requests are deferred: the server takes no more requests "
+                                    "at once than it has slots.", evidence(f"requests_processing={deferred.running} "
+                                                                           f"requests_deferred={deferred.waiting}"),
+                                    _slot_fixes(deferred)))
     # TTFT dominated by queueing
     def mean(sum_name: str, count_name: str) -> float | None:
         if len(samples) > 1:
@@ -197,13 +223,30 @@ def metric_findings(samples: list[tuple[float, EngineSample]]) -> list[Finding]:
             total, count = getattr(last, sum_name), getattr(last, count_name)
         return total / count if total is not None and count else None
     ttft, queue = mean("ttft_seconds_sum", "ttft_seconds_count"), mean("queue_seconds_sum", "queue_seconds_count")
-    if ttft and queue is not None and ttft >= MIN_TTFT_S and queue / ttft >= QUEUE_SHARE:
+    # one scrape gives averages since the server started: they speak of now only while requests are in flight
+    busy_now = len(samples) > 1 or (last.running or 0) + (last.waiting or 0) > 0
+    if ttft and queue is not None and ttft >= MIN_TTFT_S and queue / ttft >= QUEUE_SHARE and busy_now:
         findings.append(Finding("ttft_queue_bound", 0.75, f"Requests wait {queue:.2f} s of their {ttft:.2f} s time "
                                 f"to first token in the queue ({queue / ttft:.0%}){span}: the server is saturated, "
                                 "not slow at prefill.", evidence(f"mean queue {queue:.3f} s, mean TTFT {ttft:.3f} s"),
                                 _capacity_fixes(first, last)))
     findings.sort(key=lambda f: -f.confidence)
+    shown: set = set()
+    for finding in findings:   # the capacity fixes several findings share are printed once, with the first
+        fresh = [f for f in finding.fixes if (f.flag, f.value, f.action) not in shown]
+        if len(fresh) < len(finding.fixes):
+            finding.notes.append("the other fixes are those of the finding above")
+        shown.update((f.flag, f.value, f.action) for f in finding.fixes)
+        finding.fixes = fresh
     return findings
+
+
+def _slot_fixes(sample: EngineSample) -> list[Fix]:
+    slots = int(sample.running or 1)
+    return [Fix(f"more slots serve more requests at once; -c is shared by the slots, so raise it with -np to keep "
+                f"each slot's context", "-np", slots * 2),
+            Fix("more replicas add capacity; admission control keeps the excess queued outside",
+                action="add a llama-server replica or put `oomguard proxy` in front")]
 
 
 def metric_facts(samples: list[tuple[float, EngineSample]]) -> dict:
