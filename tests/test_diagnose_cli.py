@@ -217,3 +217,17 @@ def test_planner_unavailable_is_said_once(tmp_path, capsys):
     assert code == 1
     assert "--max-model-len 20000" in out
     assert " ".join(out.split()).count("planner unavailable") == 1
+
+
+def test_gpu_and_version_given_for_a_log_that_does_not_say_them(tmp_path):
+    log = tmp_path / "oom.txt"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    r = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", str(log), "--gpu", "rtx4090",
+                        "--vllm-version", "0.19.0", "--json"], capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout)
+    assert r.returncode == 1 and out["facts"]["gpu_name"] == "NVIDIA GeForce RTX 4090"
+    assert out["facts"]["vllm_version"] == "0.19.0" and out["facts"]["total_gpu_memory_gib"] > 23
+    for bad in (["--gpu", "banana-9000"], ["--vllm-version", "banana"]):
+        r = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", str(log), *bad], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

@@ -25,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, metavar="SECONDS", help="with --watch: seconds between scrapes")
     parser.add_argument("--command", metavar="'vllm serve ...'",
                         help="the launch command, when the log does not show the settings")
+    parser.add_argument("--gpu", metavar="NAME", help="the GPU, when the log does not name it (as nvidia-smi prints it)")
+    parser.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version, when the log does not print it")
     parser.add_argument("--no-planner", action="store_true", help="do not check fixes with the planner")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -83,6 +85,7 @@ def _diagnose_files(args: argparse.Namespace):
         if not os.access(name, os.R_OK):
             raise UsageError(f"{name}: permission denied")
     command = _command(args.command)
+    given = _given_facts(args)
 
     def sources():
         for name in names:
@@ -98,4 +101,24 @@ def _diagnose_files(args: argparse.Namespace):
                 except OSError as exc:
                     raise UsageError(f"{name}: {exc.strerror or exc}") from None
 
-    return diagnose_sources(sources(), command=command, use_planner=not args.no_planner)
+    return diagnose_sources(sources(), command=command, use_planner=not args.no_planner, given=given)
+
+
+def _given_facts(args: argparse.Namespace) -> dict:
+    """What the user says of the setup (--gpu, --vllm-version): used where the log does not say it itself."""
+    given: dict = {}
+    if args.gpu:
+        from oomguard.errors import UsageError
+        from oomguard.gpus.catalog import resolve_gpu
+        try:
+            gpu = resolve_gpu(args.gpu)
+        except UsageError:
+            raise UsageError(f"--gpu {args.gpu!r} is not a GPU oomguard knows; see oomguard plan --list-gpus") from None
+        cc = gpu.compute_capability
+        given.update(gpu_name=gpu.name, total_gpu_memory_gib=round(gpu.total_memory_bytes / 2**30, 2),
+                     compute_capability=f"{cc[0]}.{cc[1]}")
+    if args.vllm_version:
+        from oomguard.engines.vllm.versions import parse_version
+        parse_version(args.vllm_version)   # one line and exit 2 for a version it cannot read
+        given["vllm_version"] = args.vllm_version
+    return given

@@ -13,14 +13,14 @@ from oomguard.failures import FailureClass
 
 
 def diagnose_sources(sources: Iterable[tuple[str, BinaryIO]], command: dict | None = None,
-                     use_planner: bool = True) -> Diagnosis:
+                     use_planner: bool = True, given: dict | None = None) -> Diagnosis:
     """Diagnose one or more binary streams (files, stdin), each named for the evidence lines."""
     scanner = Scanner()
     for name, stream in sources:
         for number, line in iter_lines(stream):
             scanner.feed(number, line, name)
         scanner.finish()
-    return _conclude(scanner, command, use_planner)
+    return _conclude(scanner, command, use_planner, given)
 
 
 def diagnose_text(text: str, command: dict | None = None, use_planner: bool = True, name: str = "-") -> Diagnosis:
@@ -31,8 +31,10 @@ def diagnose_text(text: str, command: dict | None = None, use_planner: bool = Tr
     return _conclude(scanner, command, use_planner)
 
 
-def _conclude(scanner: Scanner, command: dict | None, use_planner: bool) -> Diagnosis:
+def _conclude(scanner: Scanner, command: dict | None, use_planner: bool, given: dict | None = None) -> Diagnosis:
     facts = facts_mod.build(scanner.facts.get("_raw", {}), scanner.engines)
+    for key, value in (given or {}).items():   # --gpu, --vllm-version: the log's own word wins
+        facts.setdefault(key, value)
     logged = facts.pop("_serve_command", None)
     if command is None and logged:  # the `vllm serve` line in the log stands in for --command
         command = logged
