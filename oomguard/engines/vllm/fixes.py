@@ -408,10 +408,6 @@ def connection(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
 def dtype(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
     ids = set(hits.signatures) if hits else set()
     fixes: list[Fix] = []
-    if "vllm.quant_capability" in ids:
-        fixes.append(Fix(f"this GPU (capability {n.get('compute_capability', '?')}) needs a method whose kernels "
-                         f"it has", action="use an AWQ/GPTQ checkpoint (>= 7.5 with Marlin from 8.0) or an unquantized "
-                                           "one with --dtype half"))
     if ids & {"vllm.bf16_cc", "bf16.generic", "vllm.fa_ampere", "triton.arch"} or cc_below_8(facts) or \
             ("compute_capability" in n and below_8(n["compute_capability"])):
         fixes.insert(0, Fix("compute capability below 8.0 has no bfloat16; float16 works", "--dtype", "half"))
@@ -436,6 +432,12 @@ def below_8(value) -> bool:
 def quantization(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
     ids = set(hits.signatures) if hits else set()
     fixes: list[Fix] = []
+    if "vllm.quant_capability" in ids:   # the kernels, not the dtype: another checkpoint is the fix
+        need = n.get("required_capability")
+        fixes.append(Fix(f"this GPU (capability {n.get('compute_capability', '?')}) has no kernels for the method"
+                         + (f" (it needs {need})" if need else ""),
+                         action="use a checkpoint whose method runs here (GPTQ/AWQ from 7.5, FP8 with Marlin from "
+                                "8.0), the unquantized model, or a newer GPU"))
     if "vllm.quant_mismatch" in ids and n.get("model_quantization"):
         fixes.append(Fix("the checkpoint's own method; or drop --quantization and let vLLM read it",
                          "--quantization", str(n["model_quantization"]).strip()))

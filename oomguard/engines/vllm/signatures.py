@@ -188,7 +188,8 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"compute capability of at least (?P<required_capability>[\d.]+)\.?\s*Your (?P<gpu_name>.+?) "
                       r"GPU has compute capability (?P<compute_capability>[\d.]+)",
               cause="bfloat16 needs compute capability 8.0; this {gpu_name} GPU has {compute_capability}."),
-    Signature("vllm.quant_capability", C.DTYPE_CAPABILITY, "is not supported for the current gpu", 0.95,
+    # a quantization method's kernels missing on this GPU: a quantization problem (another checkpoint), not a dtype one
+    Signature("vllm.quant_capability", C.QUANTIZATION_MISMATCH, "is not supported for the current gpu", 0.95,
               "model_executor/model_loader/utils.py:get_quant_config (all versions)",
               pattern=r"quantization method (?P<quantization>\S+) is not supported for the current GPU\.\s*Minimum "
                       r"capability: (?P<required_capability>\d+)\.\s*Current capability: (?P<compute_capability>\d+)",
