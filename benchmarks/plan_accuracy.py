@@ -68,9 +68,18 @@ class Case:
     skip: str | None = None
 
 
+def disturbed(r: dict) -> bool:
+    """Non-torch memory cannot be negative, nor the KV cache of a run that started: a run that logs so had other
+    processes allocate or free GPU memory while vLLM profiled (vLLM's own warning), so none of its figures measures
+    vLLM. (A negative graph-capture figure is normal before 0.18: it was not a net delta then.)"""
+    return (r.get("non_torch_gib") or 0) < 0 or (r.get("outcome") == "ok" and (r.get("kv_cache_memory_gib") or 0) < 0)
+
+
 def model_id(r: dict) -> str:
-    """The id as launched: a record's collector sometimes adds a note in parentheses after it."""
-    return str(r.get("model") or "").split(" (", 1)[0].strip()
+    """The id as launched; "" where the record names no id (a description such as "Qwen2.5-7B (4-bit checkpoint;
+    exact repo id not shown)": which checkpoint ran is unknown, so nothing can be planned for it)."""
+    text = str(r.get("model") or "").strip()
+    return "" if not text or any(ch.isspace() for ch in text) else text
 
 
 def model_answered(r: dict) -> bool:
@@ -89,6 +98,12 @@ def record_inputs(r: dict):
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
     if "fork" in str(r["vllm_version"]):
         raise LookupError("a fork of vLLM, not modelled")
+    if disturbed(r):
+        raise LookupError("profiling disturbed by other processes (negative memory logged by a run that started)")
+    if r.get("enable_expert_parallel") and ((r.get("tensor_parallel_size") or 1) * (r.get("data_parallel_size") or 1)) > 1:
+        raise LookupError("expert parallelism's all-to-all buffers are not modelled (the plan warns)")
+    if not model_id(r):
+        raise LookupError(f"no model id in the record ({r.get('model')!r})")
     if not model_answered(r):
         raise LookupError(f"model {r['model']} not in the catalog (nor named after a catalog model)")
     try:
@@ -251,9 +266,10 @@ def summarize(cases: list[Case]) -> dict:
     summary["verdict_misses"] = [c.record["id"] for c in modelled if not verdict_right(c)]
     summary["at_risk"] = [c.record["id"] for c in modelled if c.predicted["verdict"] == "at_risk"]
     summary["resolved_by_name"] = [c.record["id"] for c in modelled if catalog_entry(model_id(c.record)) is None]
-    collected = [c.record for c in cases if c.record["id"].startswith("col-")]   # the project's own collection
+    named = [c.record for c in cases if model_id(c.record)]   # a record that names no checkpoint cannot be answered
+    collected = [r for r in named if r["id"].startswith("col-")]   # the project's own collection
     summary["coverage"] = {group: {"answered": sum(map(model_answered, rs)), "records": len(rs)}
-                           for group, rs in (("collected", collected), ("all", [c.record for c in cases]))}
+                           for group, rs in (("collected", collected), ("all", named))}
     summary["skipped"] = [(c.record["id"], c.skip) for c in cases if c.skip]
     return summary
 
@@ -278,7 +294,7 @@ def print_table(summary: dict) -> None:
         print(f"\nverdict misses: {', '.join(summary['verdict_misses'])}")
     print(f"at risk: {len(summary['at_risk'])} of {summary['modelled']} ({', '.join(summary['at_risk']) or 'none'})")
     for group, cov in summary["coverage"].items():
-        print(f"model answered offline ({group} logs): {cov['answered']}/{cov['records']} "
+        print(f"model answered offline ({group} logs naming a model id): {cov['answered']}/{cov['records']} "
               f"({cov['answered'] / max(1, cov['records']):.0%})")
     print(f"planned as the catalog model their name states: {len(summary['resolved_by_name'])} "
           f"({', '.join(summary['resolved_by_name']) or 'none'})")

@@ -164,3 +164,89 @@ def test_unified_memory_default_utilization_is_at_risk_of_the_free_memory_check(
     given = predict(model, gb10, EngineConfig(max_model_len=8192, gpu_memory_utilization=0.8), (0, 20, 0),
                     free_memory_bytes=int(104 * GiB))
     assert given.verdict == "starts" and not given.risks
+
+
+# --- names as the vendor tools print them; which vLLM releases run each GPU (docs/research/vllm-gpu-support.md) ---
+
+@pytest.mark.parametrize("printed,key", [
+    # nvidia-smi --query-gpu=name / NVML
+    ("NVIDIA GeForce RTX 4090", "rtx-4090-24gb"), ("Tesla T4", "t4-16gb"), ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm-80gb"), ("Tesla V100-SXM2-32GB", "v100-32gb"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000-blackwell-96gb"),
+    # a line of nvidia-smi -L; a name cut short by nvidia-smi's table
+    ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-5c3e1f2a-0b1c-4d5e-8f90-123456789abc)", "h100-sxm-80gb"),
+    ("NVIDIA RTX 6000 Ada Gene...", "rtx-6000-ada-48gb"),
+    ("NVIDIA RTX PRO 4500 Blac...", "rtx-pro-4500-blackwell-32gb"),
+    # rocm-smi --showproductname "Card Series" (amdsmi's market name, " VF" in a VM; pci.ids names on older ROCm),
+    # the card series without the vendor, and vLLM's own ROCm device names
+    ("AMD Instinct MI300X", "mi300x-192gb"), ("Instinct MI300X", "mi300x-192gb"),
+    ("AMD Instinct MI300X VF", "mi300x-192gb"), ("GPU[0]\t\t: Card Series: \t\tAMD Instinct MI300X VF", "mi300x-192gb"),
+    ("AMD Radeon RX 7900 XTX", "rx-7900-xtx-24gb"),
+    ("Aldebaran/MI200 [Instinct MI210]", "mi210-64gb"), ("AMD_Instinct_MI325X", "mi325x-256gb"),
+    ("AMD_Radeon_RX7900XTX", "rx-7900-xtx-24gb"),
+    # an architecture one catalog GPU has, as rocm-smi's "GFX Version" or torch's gcnArchName give it
+    ("gfx950", "mi355x-288gb"), ("GFX Version: gfx950", "mi355x-288gb"),
+])
+def test_names_as_nvidia_smi_and_rocm_smi_print_them(printed, key):
+    assert resolve_gpu(printed).key == key
+
+
+def test_every_amd_gpu_has_its_architecture_and_ambiguous_names_say_so():
+    for g in list_gpus():
+        assert bool(g.gfx_arch) == (g.vendor == "amd"), g.key
+        assert resolve_gpu(f"GPU 3: {g.name} (UUID: GPU-0)") == g
+    with pytest.raises(UsageError, match="gfx942 names several catalog GPUs: mi300x-192gb, mi325x-256gb"):
+        resolve_gpu("gfx942")
+    with pytest.raises(UsageError, match="rtx-pro-6000-blackwell-96gb, rtx-pro-6000-server-96gb; nvidia-smi"):
+        resolve_gpu("NVIDIA RTX PRO 6000 Blac...")
+    with pytest.raises(UsageError) as err:   # the plain RTX 4070's name is short enough to be printed whole
+        resolve_gpu("NVIDIA GeForce RTX 4070 ...")
+    assert "rtx-4070-ti-12gb, rtx-4070-ti-super-16gb;" in str(err.value) and "rtx-4070-12gb" not in str(err.value)
+
+
+def _plan(gpu, version, model="meta-llama/Llama-3.2-1B-Instruct", **flags):
+    from oomguard.engines.vllm.memory import EngineConfig, predict
+    from oomguard.models.load import from_catalog
+    return predict(from_catalog(model), resolve_gpu(gpu), EngineConfig(max_model_len=4096, **flags), version)
+
+
+def test_the_pypi_wheels_kernels_decide_which_nvidia_gpus_a_release_runs_on():
+    from oomguard.engines.vllm.releases import release
+    # Volta: every CUDA 12 wheel up to 0.19.x has sm_70; the CUDA 13 wheels from 0.20 start at sm_75
+    assert _plan("v100", (0, 19, 1)).starts
+    v100 = _plan("Tesla V100-SXM2-16GB", (0, 20, 0))
+    assert v100.verdict == "fails" and v100.error_class == "dtype_capability"
+    assert v100.error.startswith("CUDA error: no kernel image is available for execution on the device")
+    assert "CUDA 13.0" in v100.error and "--vllm-version 0.19.x or earlier" in v100.error
+    assert _plan("t4", (0, 33, 0)).starts and _plan("2080ti", (0, 33, 0)).starts      # Turing keeps sm_75
+    # Pascal: no wheel of any release has its kernels, whatever the dtype
+    for version in ((0, 6, 6), (0, 10, 0), (0, 33, 0)):
+        p40 = _plan("p40", version, dtype="half")
+        assert p40.verdict == "fails" and "No vLLM release's wheels do" in p40.error
+    # Blackwell: sm_100 from 0.9.0 (CUDA 12.8), sm_120 from 0.9.2; B300 (10.3) and GB10 (12.1) run those cubins
+    assert "vLLM 0.9.0 and newer run it" in _plan("b200", (0, 8, 5)).error and _plan("b200", (0, 9, 0)).starts
+    assert "--vllm-version 0.9.2 or later" in _plan("5090", (0, 9, 1)).error and _plan("5090", (0, 9, 2)).starts
+    assert _plan("b300", (0, 9, 0)).starts and _plan("gb10", (0, 9, 2)).error is None
+    assert release((0, 8, 5)).cuda_toolkit == "12" and release((0, 12, 0)).cuda_toolkit == "12.9"
+    # AMD GPUs run vLLM's ROCm build: never refused on CUDA's kernels
+    assert _plan("mi300x", (0, 33, 0)).starts and _plan("7900xtx", (0, 6, 6)).starts
+
+
+def test_what_vllm_only_warns_about_or_falls_back_from_is_said_not_refused():
+    # 0.8.0-0.10.1: V1 needs compute capability 8.0, so a T4 runs V0 (a warning, not a refusal)
+    t4 = _plan("t4", (0, 9, 2))
+    assert t4.engine == "v0" and t4.starts and any("falls back from V1 to V0" in a for a in t4.assumptions)
+    assert _plan("t4", (0, 10, 2)).engine == "v1" and _plan("a10", (0, 9, 2)).engine == "v1"
+    # from 0.9 dtype auto serves a bfloat16 checkpoint in float16 below 8.0; 0.8 refuses it
+    assert _plan("t4", (0, 19, 0)).config["dtype"] == "float16"
+    assert _plan("t4", (0, 8, 5)).error_class == "dtype_capability"
+    # FP8 weights: vLLM refuses them below its minimum (8.0 up to 0.13, 7.5 from 0.14: Marlin weight-only)
+    fp8 = _plan("t4", (0, 13, 0), quantization="fp8")
+    assert fp8.verdict == "fails" and "Minimum capability: 80. Current capability: 75." in fp8.error
+    assert _plan("t4", (0, 14, 0), quantization="fp8").starts and _plan("a100", (0, 13, 0), quantization="fp8").starts
+    # ROCm: an architecture the release's install docs do not list is a warning (MI355X's gfx950 from 0.11)
+    assert any("do not list gfx950" in w for w in _plan("mi355x", (0, 10, 0)).warnings)
+    assert not any("gfx950" in w for w in _plan("mi355x", (0, 11, 0)).warnings)
+    # Grace hosts: PyPI's aarch64 wheels start at 0.10.2
+    assert any("no aarch64 vLLM wheel" in a for a in _plan("gh200", (0, 10, 1)).assumptions)
+    assert not any("aarch64" in a for a in _plan("gh200", (0, 10, 2)).assumptions)

@@ -97,9 +97,15 @@ def test_model_too_big_for_gpu_fails_at_weight_load():
 
 
 def test_bf16_on_turing_fails_with_dtype_message():
-    r = run(gpu=resolve_gpu("t4"), max_model_len=2048)
+    # up to 0.8 vLLM refuses a bfloat16 checkpoint below compute capability 8.0 (config.py _get_and_verify_dtype)
+    r = run(gpu=resolve_gpu("t4"), version=V8, max_model_len=2048)
     assert not r.starts and r.error_class == "dtype_capability" and "--dtype=half" in r.error
-    assert run(gpu=resolve_gpu("t4"), max_model_len=2048, dtype="half").error_class != "dtype_capability"
+    assert run(gpu=resolve_gpu("t4"), version=V8, max_model_len=2048, dtype="half").error_class != "dtype_capability"
+    # from 0.9 dtype auto falls back to float16 with a warning; an explicit --dtype bfloat16 is still refused
+    assert run(gpu=resolve_gpu("t4"), max_model_len=2048, dtype="bfloat16").error_class == "dtype_capability"
+    small = run(model="meta-llama/Llama-3.2-1B-Instruct", gpu=resolve_gpu("t4"), max_model_len=2048)
+    assert small.starts and small.config["dtype"] == "float16"
+    assert any("served in float16 on compute capability 7.5" in a for a in small.assumptions)
 
 
 def test_tensor_parallel_must_divide_heads():
@@ -282,3 +288,13 @@ def test_a_sampler_warm_up_within_the_estimates_uncertainty_is_at_risk():
     report = predict(from_catalog("Qwen/Qwen3-8B"), resolve_gpu("rtx a5000"),
                      EngineConfig(gpu_memory_utilization=0.9764), (0, 21, 0))
     assert report.verdict == "at_risk" and any("warm-up" in r for r in report.risks)
+
+
+def test_expert_parallel_all_to_all_buffers_are_named_not_hidden():
+    from oomguard.plan.api import predict as plan
+    report = plan("Qwen/Qwen3-30B-A3B", "h100", gpu_count=2,
+                  flags={"data_parallel_size": 2, "enable_expert_parallel": True, "max_model_len": 8192})
+    assert any("all-to-all buffers are not counted" in w for w in report.warnings)
+    # experts split over the two data-parallel ranks: about half the expert bytes of one replica
+    alone = plan("Qwen/Qwen3-30B-A3B", "h100", flags={"max_model_len": 8192})
+    assert report.workers[0].weights_bytes < 0.62 * alone.workers[0].weights_bytes

@@ -78,8 +78,8 @@ def test_vision_config_fields_left_out_take_transformers_defaults():
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("gemma4_text", "per-layer embeddings"), ("deepseek_v4", "compressed attention"),
-    ("glm_moe_dsa", "indexer's own KV cache"), ("brand_new_arch", "is not modelled yet"),
+    ("gemma3n_text", "per-layer embeddings"), ("deepseek_v4", "compressed attention"),
+    ("mimo_v2_flash", "hybrid sliding-window"), ("brand_new_arch", "is not modelled yet"),
 ])
 def test_a_model_type_not_modelled_is_refused_by_name(model_type, words):
     """A decoder whose layers oomguard has not read is refused, never planned with the dense formula."""

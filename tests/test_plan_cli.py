@@ -220,3 +220,35 @@ def test_the_bar_and_the_verdict_give_one_free_figure_and_hybrid_tokens_are_expl
     assert main(["plan", "openai/gpt-oss-20b", "--gpu", "h100", "--vllm-version", "0.19.0"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "shared by 2 layer group(s)" in out and f"{report.kv_cache_tokens:,} tokens" in out
+
+
+def test_a_gpu_the_release_does_not_run_on_fails_with_the_reason_and_the_releases_that_do(capsys):
+    import json
+    from oomguard.cli import main
+    base = ["plan", "meta-llama/Llama-3.2-1B-Instruct", "--max-model-len", "4096", "--json"]
+    # the name exactly as nvidia-smi prints it; the CUDA 13 wheels of 0.20 carry no sm_70 kernels
+    assert main(base + ["--gpu", "Tesla V100-SXM2-16GB", "--vllm-version", "0.20.0"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "fails" and out["starts"] is False and out["error_class"] == "dtype_capability"
+    assert "no kernel image is available" in out["error"] and "--vllm-version 0.19.x or earlier" in out["error"]
+    assert "nearest_start" not in out          # no memory setting changes what the GPU can run
+    assert main(base + ["--gpu", "Tesla V100-SXM2-16GB", "--vllm-version", "0.19.0"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["dtype"] == "float16"   # bfloat16 falls back, with a note
+    # what vLLM only warns about is a note: V0 on Turing in 0.9, a name cut short by nvidia-smi's table
+    assert main(base + ["--gpu", "Tesla T4", "--vllm-version", "0.9.2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "v0" and any("falls back from V1 to V0" in a for a in out["assumptions"])
+    assert main(base + ["--gpu", "NVIDIA RTX 6000 Ada Gene...", "--vllm-version", "0.19.0"]) == 0
+    assert "RTX 6000 Ada" in json.loads(capsys.readouterr().out)["gpu"]
+    # the human output says why, without a search for a memory setting that cannot help
+    assert main(base[:-1] + ["--gpu", "p40", "--dtype", "half"]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "vLLM fails to start (dtype_capability): CUDA error: no kernel image" in text
+    assert "No vLLM release's wheels do" in text and "No single change" not in text
+
+
+def test_an_ambiguous_architecture_is_one_line_exit_2(capsys):
+    from oomguard.cli import main
+    assert main(["plan", "meta-llama/Llama-3.2-1B-Instruct", "--gpu", "gfx942"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "gfx942 names several catalog GPUs: mi300x-192gb, mi325x-256gb" in err and "\n" not in err

@@ -62,6 +62,8 @@ def _spec(entry: dict) -> GpuSpec:
         multiprocessors=entry.get("multiprocessors", 0),
         unified_memory=entry.get("unified_memory", False),
         free_at_start_low_bytes=int(entry.get("free_at_start_low_gib", 0) * GiB),
+        gfx_arch=entry.get("gfx_arch", ""),
+        arm_host=entry.get("arm_host", False),
     )
 
 
@@ -98,12 +100,46 @@ def _spellings() -> dict[str, str]:
     return out
 
 
+# What the vendor tools print around a name: `nvidia-smi -L` ("GPU 0: NAME (UUID: GPU-...)"), `rocm-smi
+# --showproductname` ("GPU[0] : Card Series: NAME"); rocm-smi's "GFX Version" and torch's gcnArchName give the
+# architecture ("gfx942", "gfx90a:sramecc+:xnack-").
+_TOOL_PREFIX = re.compile(r"^\s*(?:GPU\s*\[?\d+\]?\s*:\s*)?(?:card\s+(?:series|model)\s*:\s*)?", re.IGNORECASE)
+_UUID_SUFFIX = re.compile(r"\s*\(UUID:[^)]*\)\s*$", re.IGNORECASE)
+_GFX = re.compile(r"(?:gfx\s*version\s*:\s*)?(gfx[0-9a-f]+)(?::[\w+-]+)*", re.IGNORECASE)
+# nvidia-smi's table cuts a name longer than its column to the first 24 characters and "..." ("NVIDIA RTX 6000 Ada
+# Gene...", "NVIDIA GeForce RTX 4070 ..."): the full name is longer than what is left
+_TRUNCATED = re.compile(r"^(.+?)(?:\.\.\.|\u2026)\s*$")
+
+
+def _one_of(keys: list[str], what: str, hint: str) -> GpuSpec:
+    if len(keys) == 1:
+        return _load()[1][keys[0]]
+    raise UsageError(f"{what} names several catalog GPUs: {', '.join(keys)}; {hint}")
+
+
 def resolve_gpu(text: str) -> GpuSpec:
-    """A catalog GPU from a forgiving name: 'h100', 'A100-40GB', 'rtx4090', 'NVIDIA GeForce RTX 4090', 'l40s' ..."""
+    """A catalog GPU from a forgiving name: 'h100', 'A100-40GB', 'rtx4090', 'NVIDIA GeForce RTX 4090', 'l40s' ...,
+    also as nvidia-smi and rocm-smi print it (a line of `nvidia-smi -L`, a name cut short by nvidia-smi's table, a
+    rocm-smi "Card Series" line, or an AMD architecture such as 'gfx950' when one catalog GPU has it)."""
     entries, specs, aliases = _load()
+    text = _UUID_SUFFIX.sub("", _TOOL_PREFIX.sub("", str(text)))
+    cut = _TRUNCATED.match(text)
+    if cut and cut.group(1).strip():
+        start = cut.group(1).lower()
+        keys = [e["key"] for e in entries if any(n.lower().startswith(start) and len(n) > len(start)
+                                                 for n in (e["name"], *e.get("aliases", ())))]
+        if keys:
+            return _one_of(keys, f"'{text.strip()}'", "nvidia-smi --query-gpu=name --format=csv,noheader prints the "
+                                                       "whole name; give it, or one of these keys, with --gpu")
     key = aliases.get(normalize(text))
     if key is not None:
         return specs[key]
+    gfx = _GFX.fullmatch(text.strip())
+    if gfx:
+        arch = gfx.group(1).lower()
+        keys = [e["key"] for e in entries if e.get("gfx_arch") == arch]
+        if keys:
+            return _one_of(keys, arch, "give the GPU's name (rocm-smi --showproductname) or one of these keys")
     spellings = _spellings()
     close = difflib.get_close_matches(normalize(text), list(spellings), n=3, cutoff=0.6)
     hint = f": did you mean {', '.join(spellings[c] for c in close)}?" if close else "."

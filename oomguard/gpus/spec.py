@@ -25,3 +25,5 @@ class GpuSpec:
     multiprocessors: int = 0   # SMs (CUs on AMD): vLLM's Triton sampler keeps a buffer per SM; 0 when unknown
     unified_memory: bool = False   # CPU and GPU share it (GB10): the OS's use counts as used GPU memory
     free_at_start_low_bytes: int = 0   # unified memory: the least free memory at vLLM's start seen in real logs
+    gfx_arch: str = ""         # AMD: the LLVM target ROCm builds for, as rocm-smi's "GFX Version" prints it ("gfx942")
+    arm_host: bool = False     # only sold with an Arm (Grace) host CPU: needs aarch64 builds (GH200, GB10)

@@ -3,7 +3,9 @@
 Pure: `parse_config(config, model_id)` takes the decoded JSON object; file and hub I/O live in `models/load.py`.
 The parser understands nested `text_config` (vision-language models), GQA/MQA, explicit `head_dim`,
 sliding-window and interleaved local/global attention, Llama-4 chunked local attention, MLA (DeepSeek V2/V3,
-Kimi), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss, Llama 4) and quantization_config blocks.
+Kimi; DeepSeek-V3.2 / GLM-5 with the sparse-attention indexer), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss,
+Llama 4, ERNIE 4.5), Gemma 4 (per-layer head widths, KV-sharing layers, per-layer embeddings, the MoE block beside
+the MLP, its vision and audio towers) and quantization_config blocks.
 Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) and Mamba2 hybrids (Nemotron-H) carry their recurrent-state shapes;
 architectures it cannot model faithfully (other Mamba and linear-attention families) are refused by name, never
 approximated.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oomguard.errors import NotSupportedError, UsageError
 
@@ -40,19 +42,14 @@ MODELLED_TYPES = {
     "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "internlm2", "minimax_m2", "olmo2", "olmoe", "mimo",
     "smollm3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text",
     "kimi_k25", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
+    "gemma4", "gemma4_text", "deepseek_v32", "glm_moe_dsa", "olmo3", "ernie4_5_moe",
 }
 # Known types not modelled yet, and what the plain formula would miss (their vLLM model files name the parts)
 NOT_MODELLED_YET = {
-    "deepseek_v32": "the sparse-attention indexer's own KV cache (models/deepseek_v2.py Indexer)",
-    "glm_moe_dsa": "the sparse-attention indexer's own KV cache (DeepSeek-V3.2 style)",
     "deepseek_v4": "compressed attention, hyper-connections and fp4 experts (models/deepseek_v4.py)",
-    "gemma4": "per-layer embeddings, KV-sharing layers and global heads of their own width (models/gemma4.py)",
-    "gemma4_text": "per-layer embeddings, KV-sharing layers and global heads of their own width (models/gemma4.py)",
     "gemma3n": "per-layer embeddings and KV-sharing layers (models/gemma3n.py)",
     "gemma3n_text": "per-layer embeddings and KV-sharing layers (models/gemma3n.py)",
-    "olmo3": "its sliding-window layers (layer_types)",
     "mimo_v2_flash": "its hybrid sliding-window attention layers",
-    "ernie4_5_moe": "its shared experts and dense first layers (moe_num_shared_experts, moe_layer_start_index)",
 }
 # Gated DeltaNet + full-attention hybrids (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
 GDN_TYPES = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe"}
@@ -76,6 +73,9 @@ class QuantSpec:
     measured_linear: float | None = None
     measured_embedding: float | None = None
     measured_lm_head: float | None = None
+    # (layer, module) pairs an ignore list keeps whole in the model dtype ("model.language_model.layers.3.self_attn*"):
+    # ModelOpt exports name the attention or MLP of each layer they leave unquantized
+    ignored_sections: frozenset[tuple[int, str]] = frozenset()
 
     def bytes_per_param(self) -> float:
         """Storage per quantized weight, scales and zero points included (vllm/model_executor/layers/quantization/*)."""
@@ -88,8 +88,11 @@ class QuantSpec:
             per += 4 / (self.block[0] * self.block[1])  # fp32 weight_scale_inv per block
         return per
 
-    def quantizes(self, module: str) -> bool:
+    def quantizes(self, module: str, layer: int | None = None, section: str | None = None) -> bool:
+        """Whether `module` (of `section` of decoder layer `layer`, where the caller names them) is quantized."""
         if any(pattern and pattern in module for pattern in self.ignored):
+            return False
+        if layer is not None and (layer, section) in self.ignored_sections:
             return False
         if self.experts_only:
             return module.startswith("experts")
@@ -169,6 +172,27 @@ class VisionSpec:
 
     params: int
     note: str
+    replicated: bool = False          # whole on every TP rank (a transformers module vLLM wraps, e.g. Gemma 4's)
+
+
+@dataclass(frozen=True)
+class PerLayerEmbedSpec:
+    """Gemma 4's per-layer embeddings (PLE): a second embedding table of vocab x (layers x dim), a projection of the
+    hidden state to it, and in each layer a gate and a projection back (vllm/model_executor/models/gemma4.py)."""
+
+    dim: int                          # hidden_size_per_layer_input
+    vocab: int                        # vocab_size_per_layer_input
+    batch_buffer: bool = False        # gemma4_mm.py keeps a [max_num_batched_tokens, layers, dim] buffer on the GPU
+
+
+@dataclass(frozen=True)
+class IndexerSpec:
+    """The sparse-attention indexer of DeepSeek-V3.2 / GLM-5 (DSA): its own projections and its own K cache."""
+
+    num_heads: int                    # index_n_heads
+    head_dim: int                     # index_head_dim
+    topk: int                         # index_topk
+    rope_interleave: bool = False     # indexer_rope_interleave (GLM-5): its RoPE is the MLA one's (not NeoX-style)
 
 
 @dataclass(frozen=True)
@@ -208,6 +232,27 @@ class ModelSpec:
     source: str = ""
     resolved_from: str = ""                      # the catalog model this id was planned as (models/resolve.py)
     load_notes: tuple[str, ...] = ()             # what the plan should say about where the model came from
+    # Per-layer attention shapes where layers differ (Gemma 4's full-attention layers: global_head_dim and
+    # num_global_key_value_heads); empty: head_dim and num_kv_heads everywhere
+    layer_head_dim: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    kv_shared_layers: int = 0                    # the last N layers read an earlier layer's KV cache, store none
+    layer_intermediate: tuple[int, ...] = ()     # per-layer dense MLP width where it differs (use_double_wide_mlp)
+    per_layer_embed: PerLayerEmbedSpec | None = None
+    mlp_beside_moe: bool = False                 # MoE layers keep their dense MLP too (Gemma 4)
+    rope_cache_dims: tuple[int, ...] = ()        # rotary dims of each cache where they differ (else rotary_dim)
+    embeddings_every_stage: bool = False         # the model file builds embeddings on every pipeline stage
+    indexer: IndexerSpec | None = None
+
+    def head_dim_at(self, layer: int) -> int:
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
+    def kv_heads_at(self, layer: int) -> int:
+        return self.layer_kv_heads[layer] if self.layer_kv_heads else self.num_kv_heads
+
+    def reads_shared_kv(self, layer: int) -> bool:
+        """The layer attends over another layer's KV cache and has none of its own (kv_sharing_target_layer_name)."""
+        return self.kv_shared_layers > 0 and layer >= self.num_layers - self.kv_shared_layers
 
     @property
     def dtype_bytes(self) -> int:
@@ -336,7 +381,19 @@ def _hybrid_layers(cfg: dict, num_layers: int) -> tuple[str, ...]:
     return tuple("full" if (i + 1) % interval == 0 else "linear" for i in range(num_layers))
 
 
+_IGNORED_SECTION = re.compile(r"layers\.(\d+)\.([A-Za-z_]+)\*?$")
+
+
 def _quant_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
+    quant = _quant_method_spec(qc, model_id)
+    if quant is None or not quant.ignored:
+        return quant
+    # whole per-layer modules an ignore list names ("...layers.3.self_attn*", "...layers.0.mlp*"): kept unquantized
+    sections = frozenset((int(m.group(1)), m.group(2)) for p in quant.ignored if (m := _IGNORED_SECTION.search(p)))
+    return replace(quant, ignored_sections=sections) if sections else quant
+
+
+def _quant_method_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
     if not isinstance(qc, dict):
         return None
     method = str(qc.get("quant_method", "")).lower()
@@ -396,10 +453,11 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     experts = _int(cfg, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     if not experts or experts <= 1:
         return None
-    top_k = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token", default=2)
-    expert_inter = _int(cfg, "moe_intermediate_size", "intermediate_size_moe", "intermediate_size")
+    top_k = _int(cfg, "num_experts_per_tok", "moe_topk", "experts_per_token", "top_k_experts", "moe_k", default=2)
+    expert_inter = _int(cfg, "moe_intermediate_size", "intermediate_size_moe", "expert_intermediate_size",
+                        "intermediate_size")
     shared = 0
-    if (n_shared := _int(cfg, "n_shared_experts", "num_shared_experts")) and expert_inter:
+    if (n_shared := _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")) and expert_inter:
         shared = n_shared * expert_inter
     shared = _int(cfg, "shared_expert_intermediate_size", default=shared) or 0
     if model_type == "nemotron_h":  # nemotron_h.py NemotronHMoE: shared experts of their own width
@@ -414,6 +472,11 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     for i in range(num_layers):
         if interleave:  # Llama 4 (llama4.py): every `interleave`-th layer is MoE
             layers.append((i + 1) % interleave == 0)
+        elif model_type == "ernie4_5_moe":  # ernie45_moe.py Ernie4_5_MoeDecoderLayer.__init__
+            start = _int(cfg, "moe_layer_start_index", default=0) or 0
+            end = _int(cfg, "moe_layer_end_index", default=num_layers - 1)
+            every = _int(cfg, "moe_layer_interval", default=1) or 1
+            layers.append(bool(cfg.get("use_moe", True)) and (i + 1) % every == 0 and start <= i <= end)
         elif model_type == "nemotron_h":  # the E layers of hybrid_override_pattern
             layers.append(str(cfg.get("hybrid_override_pattern", ""))[i:i + 1] == "E")
         elif "decoder_sparse_step" in cfg:  # Qwen MoE (qwen2_moe.py / qwen3_moe.py)
@@ -484,7 +547,20 @@ _TRANSFORMERS_DEFAULTS = {
                     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                     "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 4096,
                     "sliding_window_pattern": 6},
+    # configuration_gemma4.py Gemma4TextConfig (transformers 5.5): the field defaults, and global_head_dim's 512
+    "gemma4_text": {"vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "tie_word_embeddings": True, "sliding_window": 512,
+                    "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256,
+                    "attention_k_eq_v": False, "num_kv_shared_layers": 0, "global_head_dim": 512},
 }
+# configuration_gemma4.py Gemma4VisionConfig / Gemma4AudioConfig defaults (transformers 5.5)
+_GEMMA4_VISION_DEFAULTS = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 16,
+                           "num_attention_heads": 12, "num_key_value_heads": 12, "head_dim": 64, "patch_size": 16,
+                           "position_embedding_size": 10 * 1024, "use_clipped_linears": False, "standardize": False}
+_GEMMA4_AUDIO_DEFAULTS = {"hidden_size": 1024, "num_hidden_layers": 12, "num_attention_heads": 8,
+                          "subsampling_conv_channels": [128, 32], "conv_kernel_size": 5, "output_proj_dims": 1536,
+                          "use_clipped_linears": True}
 # The same for vision_config, keyed by the checkpoint's model_type (Qwen's own AWQ configs leave depth out):
 # configuration_qwen2_vl.py Qwen2VLVisionConfig and configuration_qwen2_5_vl.py Qwen2_5_VLVisionConfig (4.51)
 _TRANSFORMERS_VISION_DEFAULTS = {
@@ -504,7 +580,11 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     model_type = str(text.get("model_type") or top.get("model_type") or "")
     if top.get("model_type") == "gemma3" and not text.get("model_type"):
         model_type = "gemma3_text"   # Gemma3Config builds its text_config as a Gemma3TextConfig
+    if top.get("model_type") == "gemma4" and text is not top and not text.get("model_type"):
+        model_type = "gemma4_text"   # Gemma4Config builds its text_config as a Gemma4TextConfig
     text = {**_TRANSFORMERS_DEFAULTS.get(model_type, {}), **text}
+    if model_type == "gemma4_text":
+        text = _gemma4_layer_types(text)
     top_type = str(top.get("model_type") or model_type)
     if model_type in _UNSUPPORTED_TYPES or top_type in _UNSUPPORTED_TYPES or text.get("layers_block_type") \
             or (text.get("hybrid_override_pattern") and model_type != "nemotron_h") or text.get("linear_attn_config") \
@@ -556,6 +636,18 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     rope_caches = (positions,)
     if model_type in ("gemma3_text", "gemma3"):
         rope_caches = (positions, positions)  # separate local and global RoPE bases
+    if model_type == "olmo3":
+        # olmo2.py (0.11-0.27) / olmo3.py (0.28-0.29) Olmo2Attention: "Rope scaling is only applied on full attention
+        # layers"; sliding layers get a plain RoPE over max_position_embeddings, a second cache when they differ
+        scaling = text.get("rope_scaling") or text.get("rope_parameters") or {}
+        scaling_type = (scaling.get("rope_type") or scaling.get("type")) if isinstance(scaling, dict) else None
+        plain = _int(text, "max_position_embeddings", default=2048)
+        full = plain
+        if scaling_type in ("yarn", "deepseek_yarn") and isinstance(scaling.get("factor"), (int, float)):
+            full = int(_int(scaling, "original_max_position_embeddings", default=plain) * scaling["factor"])
+        scaled = scaling_type not in (None, "default")
+        rope_caches = ((full if scaled else plain,) if "full" in kinds else ()) + \
+            ((plain,) if "sliding" in kinds and (scaled or "full" not in kinds) else ())
     if model_type == "llama4_text" or text.get("position_embedding_type") == "absolute" or \
             model_type in ("gpt2", "opt", "nemotron_h"):   # Nemotron-H attention has no rotary embedding
         rope_caches = (positions,) if model_type == "llama4_text" else ()
@@ -565,17 +657,18 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         norms = 4
     if model_type == "nemotron_h":
         norms = 1   # one pre-norm per single-purpose layer
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2") or model_type in GDN_TYPES \
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmo3") or model_type in GDN_TYPES \
         or bool(text.get("use_qk_norm"))
 
     quant = _quant_spec(top.get("quantization_config") or text.get("quantization_config"), model_id)
-    return ModelSpec(
+    spec = ModelSpec(
         model_id=model_id, architecture=architecture, model_type=model_type, dtype=dtype,
         hidden_size=hidden, intermediate_size=inter, num_layers=num_layers, num_heads=heads,
         num_kv_heads=kv_heads, head_dim=head_dim, vocab_size=vocab, derived_max_model_len=derived_max_len(text),
         tie_word_embeddings=bool(top.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         layer_attention=kinds, sliding_window=window, attention_chunk_size=chunk,
-        qkv_bias=bool(text.get("attention_bias", model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
+        qkv_bias=bool(text.get("use_bias" if model_type == "ernie4_5_moe" else "attention_bias",
+                               model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
         o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
         qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
         vision=_vision_spec(top), recurrent=recurrent, layer_ffn=ffn, gated_mlp=model_type != "nemotron_h",
@@ -583,6 +676,116 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
         checkpoint_bytes=checkpoint_bytes, source=source,
     )
+    if model_type == "gemma4_text":
+        spec = replace(spec, **_gemma4_fields(text, top, spec))
+    if mla and _int(text, "index_topk"):
+        spec = replace(spec, indexer=_indexer(text, model_id))
+    return spec
+
+
+def _indexer(text: dict, model_id: str) -> IndexerSpec:
+    """DeepSeek-V3.2 / GLM-5 sparse attention (DSA): vLLM treats any DeepSeek config with index_topk as one
+    (models/deepseek_v2.py DeepseekV2Model.is_v32), every layer with its own indexer."""
+    if (_int(text, "index_topk_freq", default=1) or 1) > 1 or text.get("index_topk_pattern"):
+        raise NotSupportedError(f"{model_id} shares its sparse-attention indexer across layers (index_topk_freq / "
+                                "index_topk_pattern), which oomguard does not model yet")
+    return IndexerSpec(num_heads=_int(text, "index_n_heads", default=64), head_dim=_int(text, "index_head_dim",
+                                                                                         default=128),
+                       topk=_int(text, "index_topk"), rope_interleave=bool(text.get("indexer_rope_interleave")))
+
+
+def _gemma4_layer_types(text: dict) -> dict:
+    """Gemma4TextConfig.__post_init__: layer_types default to five sliding layers then one full, and the last layer
+    is always made full attention."""
+    layers = _int(text, "num_hidden_layers", default=30)
+    types = text.get("layer_types")
+    if not isinstance(types, list) or len(types) != layers:
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    if types and types[-1] != "full_attention":
+        types = [*types[:-1], "full_attention"]
+    return {**text, "layer_types": types}
+
+
+def _gemma4_fields(text: dict, top: dict, spec: ModelSpec) -> dict:
+    """What Gemma 4 adds to a plain decoder, as vllm/model_executor/models/gemma4.py builds it (0.19-0.33)."""
+    n, kinds = spec.num_layers, spec.layer_attention
+    # gemma4.py Gemma4DecoderLayer / transformers_utils/configs/gemma4.py gemma4_layer_config: full-attention layers
+    # use global_head_dim, and with attention_k_eq_v num_global_key_value_heads
+    global_dim = _int(text, "global_head_dim") or spec.head_dim
+    global_kv = _int(text, "num_global_key_value_heads") if text.get("attention_k_eq_v") else None
+    global_kv = global_kv or spec.num_kv_heads
+    head_dims = tuple(global_dim if k == "full" else spec.head_dim for k in kinds)
+    kv_heads = tuple(global_kv if k == "full" else spec.num_kv_heads for k in kinds)
+    # Gemma4Attention: the last num_kv_shared_layers layers read the cache of the last earlier layer of their type
+    shared = _int(text, "num_kv_shared_layers", default=0) or 0
+    # Gemma4DecoderLayer: use_double_wide_mlp doubles the dense MLP of the KV-shared layers
+    first_shared = n - shared
+    widths = tuple(spec.intermediate_size * (2 if text.get("use_double_wide_mlp") and i >= first_shared > 0 else 1)
+                   for i in range(n))
+    ple_dim = _int(text, "hidden_size_per_layer_input", default=0) or 0
+    multimodal = isinstance(top.get("text_config"), dict)
+    ple = PerLayerEmbedSpec(ple_dim, _int(text, "vocab_size_per_layer_input") or spec.vocab_size,
+                            batch_buffer=multimodal) if ple_dim > 0 else None
+    # one RoPE per layer type (get_rope caches by its arguments); gemma4_rope.py Gemma4RotaryEmbedding ("proportional")
+    # keeps a cos/sin cache as wide as the head whatever partial_rotary_factor says
+    params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    dims = []
+    for kind, name in (("sliding", "sliding_attention"), ("full", "full_attention")):
+        if kind not in kinds:
+            continue
+        rope = params.get(name) if isinstance(params.get(name), dict) else params
+        width = global_dim if kind == "full" else spec.head_dim
+        partial = rope.get("partial_rotary_factor", 1.0)
+        dims.append(width if rope.get("rope_type") == "proportional" else int(width * partial))
+    positions = _int(text, "max_position_embeddings", default=131_072)
+    return dict(
+        layer_head_dim=head_dims if len(set(head_dims)) > 1 else (),
+        layer_kv_heads=kv_heads if len(set(kv_heads)) > 1 else (),
+        head_dim=spec.head_dim, kv_shared_layers=shared,
+        layer_intermediate=widths if len(set(widths)) > 1 else (),
+        per_layer_embed=ple, mlp_beside_moe=spec.moe is not None,
+        qk_norm=True, norms_per_layer=4 + (1 if ple else 0),   # input, post-attention, pre- and post-feedforward
+        rope_cache_positions=tuple(positions for _ in dims), rope_cache_dims=tuple(dims),
+        rotary_dim=dims[0] if dims else spec.rotary_dim,
+        embeddings_every_stage=True,   # Gemma4Model builds embed_tokens (and the PLE table) on every PP rank
+        vision=_gemma4_towers(top, spec.hidden_size) if multimodal else None,
+    )
+
+
+def _gemma4_towers(top: dict, text_hidden: int) -> VisionSpec | None:
+    """Gemma 4's vision (and audio) towers: transformers' Gemma4VisionModel / Gemma4AudioModel, which
+    gemma4_mm.py Gemma4ForConditionalGeneration builds with AutoModel.from_config, replicated on every TP rank
+    (recursive_replace_linear: "replicate"), with the Gemma4MultimodalEmbedder projections to the text width."""
+    vc, ac = top.get("vision_config"), top.get("audio_config")
+    params, parts = 0, []
+    if isinstance(vc, dict):
+        v = {**_GEMMA4_VISION_DEFAULTS, **{k: x for k, x in vc.items() if x is not None}}
+        h, inter, d = v["hidden_size"], v["intermediate_size"], v["head_dim"]
+        heads, kv = v["num_attention_heads"], v["num_key_value_heads"]
+        # Gemma4VisionEncoderLayer: q/k/v/o (Gemma4ClippableLinear, no bias), gated MLP, four RMSNorms, q/k norms
+        layer = h * heads * d + 2 * h * kv * d + heads * d * h + 3 * h * inter + 4 * h + 2 * d
+        layer += 7 * 4 if v["use_clipped_linears"] else 0            # input/output min/max per clipped linear
+        params += v["num_hidden_layers"] * layer
+        params += 3 * v["patch_size"] ** 2 * h + 2 * v["position_embedding_size"] * h   # Gemma4VisionPatchEmbedder
+        params += 2 * h if v["standardize"] else 0                     # std_bias, std_scale
+        params += h * text_hidden                                      # embed_vision.embedding_projection
+        parts.append(f"vision tower of {v['num_hidden_layers']} blocks of width {h}")
+    if isinstance(ac, dict):
+        a = {**_GEMMA4_AUDIO_DEFAULTS, **{k: x for k, x in ac.items() if x is not None}}
+        h, heads, out = a["hidden_size"], a["num_attention_heads"], a["output_proj_dims"]
+        c0, c1 = a["subsampling_conv_channels"]
+        # Gemma4AudioLayer: two feed-forwards (H->4H->H, two norms each), attention (q, k, v, post, relative_k_proj,
+        # per_dim_scale), the light conv (H->2H, H->H, depthwise kernel, two norms) and three norms
+        layer = 2 * (8 * h * h + 2 * h) + 5 * h * h + h // heads + 3 * h * h + a["conv_kernel_size"] * h + 2 * h + 3 * h
+        layer += 10 * 4 if a["use_clipped_linears"] else 0
+        params += a["num_hidden_layers"] * layer
+        # Gemma4AudioSubSampleConvProjection: two 3x3 convs with LayerNorms, then input_proj_linear
+        params += 9 * c0 + c0 + 9 * c0 * c1 + c1 + (c0 // 4) * c1 * h
+        params += h * out + out + out * text_hidden                    # output_proj (bias), embed_audio projection
+        parts.append(f"audio tower of {a['num_hidden_layers']} conformer blocks of width {h}")
+    if not parts:
+        return None
+    return VisionSpec(params=params, note=" and ".join(parts) + " (transformers' Gemma 4 towers)", replicated=True)
 
 
 def _check_modelled(model_id: str, model_type: str, top_type: str, architecture: str) -> None:

@@ -62,6 +62,8 @@ def nearest_start(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Ve
                   report: MemoryReport, free_memory_bytes: int | None = None) -> NearestStart | None:
     """The first configuration, in the order above, with which vLLM starts (and is not at risk); None if no single
     change or pair of changes gets there."""
+    if report.error_class == FailureClass.DTYPE_CAPABILITY:
+        return None   # the GPU cannot run this build, dtype or method: no memory setting changes that
     moves = _moves(model, gpu, cfg, report, gpu_count)
     for size in (1, 2):
         for combo in itertools.combinations(moves, size):

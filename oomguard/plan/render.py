@@ -7,6 +7,7 @@ import sys
 
 from oomguard.engines.vllm.flags import format_llm_kwargs, format_vllm_command, format_yaml_config
 from oomguard.engines.vllm.memory import MemoryReport
+from oomguard.failures import FailureClass
 from oomguard.units import GiB
 
 # (label, colour) of each slice of the bar, in the order vLLM fills the GPU
@@ -82,7 +83,7 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
         console.print(f"[bold]Nearest configuration that starts:[/] {change} (KV cache {n['kv_cache_gib']} GiB, "
                       f"{n['kv_cache_tokens']:,} tokens, {n['max_concurrency']}x requests of "
                       f"{n['max_model_len']:,} tokens)\n  {n['command']}")
-    elif report.verdict == "fails":
+    elif report.verdict == "fails" and report.error_class != FailureClass.DTYPE_CAPABILITY:  # its error says the fix
         console.print("[bold]No single change or pair of changes makes it start on these GPUs[/] (more GPUs, a "
                       "smaller checkpoint, or `oomguard plan ... --p99-tokens N --peak-concurrency C` to search)")
     console.print("[dim]assumptions: " + "; ".join(report.assumptions) + "[/]")

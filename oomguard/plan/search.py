@@ -136,11 +136,11 @@ def _precision(model: ModelSpec) -> int:
 def tp_sizes(model: ModelSpec, gpu_count: int) -> list[int]:
     """TP sizes vLLM accepts: they divide the attention heads and the MLP width; KV heads split evenly or are
     replicated a whole number of times (QKVParallelLinear)."""
-    kv = model.num_kv_heads
+    kvs = set(model.layer_kv_heads) or {model.num_kv_heads}   # Gemma 4's full layers have KV heads of their own
 
     def valid(tp: int) -> bool:
         return model.num_heads % tp == 0 and model.intermediate_size % tp == 0 and (
-            model.mla is not None or kv % tp == 0 or tp % kv == 0)
+            model.mla is not None or all(kv % tp == 0 or tp % kv == 0 for kv in kvs))
     return [tp for tp in range(1, gpu_count + 1) if valid(tp)]
 
 

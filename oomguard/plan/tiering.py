@@ -98,14 +98,16 @@ def least_bytes(model: ModelSpec, workload: Workload, kv_bytes: int) -> float:
     total_params = parameter_counts(model)[0]
     tokens = workload.p99_tokens
     per_token = 0.0
-    for kind in model.layer_attention:
+    for i, kind in enumerate(model.layer_attention):
+        if model.reads_shared_kv(i):   # Gemma 4's KV-shared layers store no KV
+            continue
         if kind == "mla":
             per_token += (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim) * kv_bytes
         else:
             window = model.sliding_window if kind == "sliding" else model.attention_chunk_size if kind == "chunked" \
                 else None
-            per_token += 2 * model.num_kv_heads * model.head_dim * kv_bytes * (min(tokens, window) / tokens if window
-                                                                                else 1)
+            per_token += 2 * model.kv_heads_at(i) * model.head_dim_at(i) * kv_bytes * (
+                min(tokens, window) / tokens if window else 1)
     held_tokens = tokens + (workload.peak_concurrency - 1) * tokens * (1 - workload.prefix_sharing)
     return total_params * 0.5 + per_token * held_tokens
 

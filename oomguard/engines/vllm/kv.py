@@ -6,10 +6,11 @@ bytes per block page, and worst-case bytes one request of max_model_len needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
+from oomguard.errors import NotSupportedError
 from oomguard.units import cdiv
 
 
@@ -70,6 +71,31 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 
 @dataclass(frozen=True)
+class UniformTypeSpec:
+    """Layers of one attention type and block size but different pages (kv_cache_interface.UniformTypeKVCacheSpecs,
+    0.11+): one group whose block holds a page of every layer (DeepSeek-V3.2: the MLA latent and the indexer's K)."""
+
+    specs: tuple[FullAttentionSpec, ...]
+
+    @property
+    def block_size(self) -> int:
+        return self.specs[0].block_size
+
+    @property
+    def page_size_bytes(self) -> int:
+        return sum(s.page_size_bytes for s in self.specs)
+
+    def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
+        """The most pages any layer needs, times the summed page."""
+        pages = max(cdiv(s.max_memory_usage_bytes(max_model_len, in_flight_tokens), s.page_size_bytes)
+                    for s in self.specs)
+        return pages * self.page_size_bytes
+
+    def as_full_attention(self) -> UniformTypeSpec:
+        return self
+
+
+@dataclass(frozen=True)
 class MambaSpec:
     """A linear-attention (Gated DeltaNet) or Mamba layer's recurrent state (kv_cache_interface.MambaSpec): a fixed
     number of pages per request whatever its length, each padded to the attention page so all layers share blocks."""
@@ -86,7 +112,7 @@ class MambaSpec:
         return self
 
 
-KvSpec = FullAttentionSpec | MambaSpec   # each kind answers page_size_bytes and max_memory_usage_bytes
+KvSpec = FullAttentionSpec | MambaSpec | UniformTypeSpec   # each answers page_size_bytes and max_memory_usage_bytes
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,33 @@ class KvLayout:
                    for g in self.groups if g.num_layers)
 
 
+def _uniform_type(specs: list[KvSpec]) -> bool:
+    """UniformTypeKVCacheSpecs.is_uniform_type: one block size, and all full attention (MLA included) or all sliding
+    windows of one width or all chunks of one size."""
+    if len({getattr(s, "block_size", None) for s in specs}) != 1 or not all(isinstance(s, FullAttentionSpec)
+                                                                             for s in specs):
+        return False
+    kinds = {(type(s) if type(s) in (SlidingWindowSpec, ChunkedLocalAttentionSpec) else FullAttentionSpec,
+              getattr(s, "window", 0)) for s in specs}
+    return len(kinds) == 1
+
+
+def unify_page_size(specs: list[KvSpec]) -> list[KvSpec]:
+    """kv_cache_utils.unify_kv_cache_spec_page_size: layers whose page is smaller than the largest get a block size
+    that many times larger, so every page is equal (Gemma 4: full-attention layers with fewer, wider heads)."""
+    attention = [s for s in specs if isinstance(s, FullAttentionSpec)]
+    sizes = {s.page_size_bytes for s in specs}
+    if len(sizes) <= 1 or len(attention) != len(specs):
+        return specs
+    largest = max(sizes)
+    if any(largest % size for size in sizes):
+        # vLLM raises NotImplementedError with this text at startup
+        raise NotSupportedError("The page size of the layer is not divisible by the maximum page size. Cannot "
+                                "unify by adjusting block_size.")
+    return [s if s.page_size_bytes == largest else replace(s, block_size=s.block_size * (largest // s.page_size_bytes))
+            for s in specs]
+
+
 def build_layout(specs: list[KvSpec], hybrid_manager: bool = True, close_counts_share: bool = False) -> KvLayout:
     """Group per-layer specs: one group if all equal, else groups of equal size per kind (uniform page size).
     `close_counts_share` (0.18+): when the largest kind has under 1.5x the layers of the smallest, groups take the
@@ -139,6 +192,13 @@ def build_layout(specs: list[KvSpec], hybrid_manager: bool = True, close_counts_
     if len(by_spec) == 1:
         (spec, count), = by_spec.items()
         return KvLayout(groups=(KvGroup(spec, count),), group_size=count)
+    if _uniform_type(list(by_spec)):
+        # get_kv_cache_groups: UniformTypeKVCacheSpecs.from_specs puts every layer in one group
+        return KvLayout(groups=(KvGroup(UniformTypeSpec(tuple(specs)), 1),), group_size=1)
+    specs = unify_page_size(specs)
+    by_spec = {}
+    for spec in specs:
+        by_spec[spec] = by_spec.get(spec, 0) + 1
     # _get_kv_cache_groups_uniform_page_size: group_size = fewest layers of any kind; split each kind
     group_size = min(by_spec.values())
     if close_counts_share and max(by_spec.values()) < 1.5 * group_size:

@@ -17,14 +17,16 @@ from oomguard.engines.vllm import defaults, messages, profile
 from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
                                       MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
                                       kv_cache_tokens, max_concurrency, num_blocks)
-from oomguard.engines.vllm.releases import VllmRelease, first_release_running, release
+from oomguard.engines.vllm.releases import LATE_MODEL_TYPES, VllmRelease, first_release_running, release
 from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import DTYPE_BYTES, ModelSpec, QuantSpec
 from oomguard.units import GiB, cdiv
+from oomguard.failures import FailureClass
 
+FP8_DS_MLA_BYTES = 656   # flashmla_sparse.py: 512 fp8 latent values, 4 fp32 scales, 64 bf16 RoPE values
 KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1,
                   "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4, "int8": 1}
 _DTYPES = {"auto": None, "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
@@ -156,8 +158,10 @@ def _gib(n: float) -> float:
     return round(n / GiB, 2)
 
 
-def resolve_dtype(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec) -> tuple[str, list[str]]:
-    """ModelConfig dtype resolution (_resolve_auto_dtype): auto -> checkpoint dtype; fp32 is served in 16 bits."""
+def resolve_dtype(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec,
+                  rel: VllmRelease | None = None) -> tuple[str, list[str]]:
+    """ModelConfig dtype resolution (_resolve_auto_dtype): auto -> checkpoint dtype; fp32 is served in 16 bits; from
+    0.9 a bfloat16 checkpoint on a GPU without bfloat16 is served in float16 (vLLM warns, where it used to refuse)."""
     if cfg.dtype not in _DTYPES:
         raise UsageError(f"unknown --dtype {cfg.dtype!r}: use auto, half, float16, bfloat16 or float32")
     notes = []
@@ -166,6 +170,12 @@ def resolve_dtype(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec) -> tuple[st
         dtype = "bfloat16" if gpu.supports_bf16 else "float16"
         notes.append(f"dtype auto: float32 (config.json's dtype, or transformers' default when it names none) "
                      f"is served in {dtype}")
+    if cfg.dtype == "auto" and dtype == "bfloat16" and not gpu.supports_bf16 and rel and rel.auto_dtype_avoids_bf16:
+        dtype = "float16"
+        cc = gpu.compute_capability
+        notes.append(f"dtype auto: the bfloat16 checkpoint is served in float16 on compute capability {cc[0]}.{cc[1]} "
+                     f"(vLLM {fmt(rel.version)} warns \"doesn't support torch.bfloat16. Falling back to "
+                     "torch.float16\")")
     if cfg.dtype == "auto" and model.quant and model.quant.method in ("awq", "gptq") and dtype == "bfloat16":
         notes.append("AWQ/GPTQ checkpoints run in float16 unless a Marlin kernel is used (it is, on cc >= 8.0)")
     return dtype, notes
@@ -193,8 +203,40 @@ def resolve_quant(model: ModelSpec, cfg: EngineConfig) -> QuantSpec | None:
                      "--quantization fp8")
 
 
+def gpu_support(gpu: GpuSpec, rel: VllmRelease, notes: list[str], warnings: list[str]) -> str | None:
+    """Whether this release's official build runs on `gpu`: the error that stops it (the PyPI wheel has no kernels for
+    its compute capability), or None; what only warns or needs another install goes to `warnings` / `notes`."""
+    name, cc = gpu.name, gpu.compute_capability
+    if gpu.vendor == "nvidia" and not rel.runs_cuda(cc):
+        return messages.no_kernel_image(name, cc, rel.version)
+    if gpu.vendor == "amd" and gpu.gfx_arch and gpu.gfx_arch not in rel.rocm_archs:
+        warnings.append(f"vLLM {fmt(rel.version)}'s ROCm install docs do not list {gpu.gfx_arch} ({name}): its ROCm "
+                        "images and wheels may carry no kernels for it; use a release that lists it, or a build with "
+                        f"PYTORCH_ROCM_ARCH={gpu.gfx_arch}")
+    if gpu.arm_host and not rel.aarch64_wheels:
+        notes.append(f"PyPI has no aarch64 vLLM wheel before 0.10.2: on {name}'s Arm host vLLM {fmt(rel.version)} "
+                     "comes from a source build or a container image")
+    return None
+
+
+def default_engine(gpu: GpuSpec, rel: VllmRelease, notes: list[str]) -> str:
+    """The engine vLLM picks: its default, except V0 below compute capability 8.0 while V1 needed Ampere (the oracle
+    warns "Compute Capability < 8.0 is not supported by the V1 Engine. Falling back to V0"; with VLLM_USE_V1=1 it
+    raises instead)."""
+    cc = gpu.compute_capability
+    if rel.default_engine == "v1" and rel.v1_needs_ampere and gpu.vendor == "nvidia" and cc < (8, 0):
+        notes.append(f"engine V0: vLLM {fmt(rel.version)} falls back from V1 to V0 on compute capability "
+                     f"{cc[0]}.{cc[1]} (V1 needs 8.0 until 0.10.2)")
+        return "v0"
+    return rel.default_engine
+
+
 def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
     """CudaPlatform block size: 16, or the MLA backend's (FlashMLA 64 on Hopper, CUTLASS MLA 128 on Blackwell)."""
+    if model.indexer:
+        # DeepSeek-V3.2 / GLM-5: platforms/cuda.py forces 64 for FlashMLASparse (0.11); its kernel and the indexer's
+        # (v1/attention/backends/mla/flashmla_sparse.py, indexer.py) take only 64 after
+        return 64
     if model.mla:
         rel = release(version)
         if gpu.compute_capability[0] == 10 and rel.cutlass_mla_block_128:  # data-centre Blackwell only
@@ -242,26 +284,38 @@ def _attention_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int) -> int:
 
 
 def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int,
-              state: MambaSpec | None = None) -> list[KvSpec]:
+              state: MambaSpec | None = None, ds_mla: bool = False) -> list[KvSpec]:
     """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec)."""
-    heads = max(1, model.num_kv_heads // tp)
     specs: list[KvSpec] = []
     for i in layers:
         kind = model.layer_attention[i]
+        # per-layer KV heads and width where layers differ (Gemma 4: gemma4_layer_config)
+        heads, head_dim = max(1, model.kv_heads_at(i) // tp), model.head_dim_at(i)
+        if model.reads_shared_kv(i):
+            # gpu_model_runner.get_kv_cache_spec: a layer with kv_sharing_target_layer_name gets no spec of its own
+            continue
         if kind in ("linear", "mamba"):
             specs.append(state)
         elif kind == "none":
             continue
         elif kind == "mla":
             m = model.mla
-            specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+            if ds_mla:  # kv_cache_interface.MLAAttentionSpec: fp8_ds_mla pages are 656 bytes a token
+                specs.append(MLAAttentionSpec(block_size, 1, FP8_DS_MLA_BYTES, 1))
+            else:
+                specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+            if model.indexer:
+                # deepseek_v2.py DeepseekV32IndexerCache.get_kv_cache_spec: MLAAttentionSpec(head_size=index_head_dim
+                # + index_head_dim // 128 * 4, dtype=uint8): fp8 keys and one fp32 scale per 128, whatever the KV dtype
+                d = model.indexer.head_dim
+                specs.append(MLAAttentionSpec(block_size, 1, d + d // 128 * 4, 1))
         elif kind == "sliding":
-            specs.append(SlidingWindowSpec(block_size, heads, model.head_dim, kv_bytes, model.sliding_window))
+            specs.append(SlidingWindowSpec(block_size, heads, head_dim, kv_bytes, model.sliding_window))
         elif kind == "chunked":
-            specs.append(ChunkedLocalAttentionSpec(block_size, heads, model.head_dim, kv_bytes,
+            specs.append(ChunkedLocalAttentionSpec(block_size, heads, head_dim, kv_bytes,
                                                    model.attention_chunk_size))
         else:
-            specs.append(FullAttentionSpec(block_size, heads, model.head_dim, kv_bytes))
+            specs.append(FullAttentionSpec(block_size, heads, head_dim, kv_bytes))
     return specs
 
 
@@ -306,11 +360,20 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                        else cfg.block_size % 16):
         allowed = ", ".join(map(str, rel.block_sizes)) if rel.block_sizes else "a multiple of 16"
         raise UsageError(f"--block-size {cfg.block_size} is not one vLLM {fmt(version)} takes: use {allowed}")
-    engine = engine or rel.default_engine
+    if model.model_type in LATE_MODEL_TYPES and model.model_type not in rel.late_model_types:
+        since = fmt(first_release_running(model.model_type))
+        raise UsageError(f"vLLM {fmt(version)} does not run {model.model_type} models ({model.model_id}); they need "
+                         f"vLLM {since} or newer: pick --vllm-version {since} or later")
     notes: list[str] = []
     warnings: list[str] = []
+    engine = engine or default_engine(gpu, rel, notes)
+    unsupported = gpu_support(gpu, rel, notes, warnings)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     par = Parallel(tp=tp, pp=pp, ep=cfg.enable_expert_parallel, dp=cfg.data_parallel_size)
+    if cfg.enable_expert_parallel and model.moe and tp * cfg.data_parallel_size > 1:
+        # the all-to-all kernels of expert parallelism (DeepEP, pplx) allocate their own communication buffers
+        warnings.append("expert parallelism's all-to-all buffers are not counted here (several GiB per GPU with the "
+                        "DeepEP and pplx kernels): keep that much headroom, or plan without --enable-expert-parallel")
     total = gpu.total_memory_bytes
     if gpu.unified_memory and free_memory_bytes is None:
         notes.append(f"{gpu.name} shares its {gpu.total_memory_bytes / GiB:.2f} GiB with the CPU: vLLM counts what the "
@@ -320,7 +383,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         how = f" with {model.quant.method} {model.quant.bits}-bit weights" if model.quant else ""
         notes.append(f"{model.model_id} is not in the catalog: planned as {model.resolved_from}{how}")
     notes += model.load_notes
-    dtype, dtype_notes = resolve_dtype(model, cfg, gpu)
+    dtype, dtype_notes = resolve_dtype(model, cfg, gpu, rel)
     notes += dtype_notes
     act_bytes = DTYPE_BYTES[dtype]
     quant = resolve_quant(model, cfg)
@@ -335,14 +398,21 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         notes.append(f"gpu_memory_utilization={util} (vLLM {fmt(version)} default)")
     requested = math.ceil(total * util) if rel.requested_rounds_up else int(total * util)
 
-    error = error_class = None
+    # the official build's kernels stop it whatever the flags: reported before any check the flags could fix
+    error, error_class = (unsupported, FailureClass.DTYPE_CAPABILITY) if unsupported else (None, None)
     max_len = cfg.max_model_len
     auto_fit = max_len == -1 and rel.max_model_len_auto
     if max_len is None or max_len == -1:
         max_len = model.derived_max_model_len
         notes.append(f"max_model_len={max_len} (derived from config.json)")
-    elif max_len > model.derived_max_model_len:
-        error, error_class = messages.max_len_above_derived(max_len, model.derived_max_model_len), "context_too_long"
+    elif max_len > model.derived_max_model_len and error is None:
+        error = messages.max_len_above_derived(max_len, model.derived_max_model_len)
+        error_class = FailureClass.CONTEXT_TOO_LONG
+    if error is None and quant and quant.method == "fp8" and \
+            gpu.compute_capability[0] * 10 + gpu.compute_capability[1] < rel.fp8_min_capability:
+        # VllmConfig refuses a method below its get_min_capability (weight-only FP8 runs on Marlin down to it)
+        error = messages.quantization_unsupported("fp8", rel.fp8_min_capability, gpu.compute_capability)
+        error_class = FailureClass.DTYPE_CAPABILITY
 
     multimodal = model.vision is not None
     seqs, tokens, batch_notes = defaults.resolve_batch(version, engine, gpu.name, total, cfg.usage_context, max_len,
@@ -351,6 +421,14 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if engine == "v1" and tokens < seqs and error is None:
         raise UsageError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})")
     kv_bytes = KV_DTYPE_BYTES[cfg.kv_cache_dtype] or act_bytes
+    # DeepSeek's fp8_ds_mla layout: asked for by name, or (0.18+) what an fp8 KV cache becomes on FlashMLA-sparse,
+    # Hopper's sparse MLA backend (layers/attention/mla_attention.py MLAAttention.__init__)
+    ds_mla = model.indexer is not None and (cfg.kv_cache_dtype == "fp8_ds_mla" or (
+        cfg.kv_cache_dtype.startswith("fp8") and rel.fp8_kv_becomes_ds_mla and gpu.compute_capability[0] == 9))
+    if model.indexer:
+        notes.append("sparse attention (DSA): each layer also caches the indexer's fp8 keys, "
+                     f"{model.indexer.head_dim + model.indexer.head_dim // 128 * 4} bytes a token"
+                     + (f"; the MLA latent in fp8_ds_mla, {FP8_DS_MLA_BYTES} bytes a token" if ds_mla else ""))
     block_size = cfg.block_size or default_block_size(model, gpu, version)
     if cfg.block_size is None and block_size != 16:
         notes.append(f"block_size={block_size} (the MLA attention backend's)")
@@ -382,7 +460,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     layouts: list[KvLayout] = []
     for stage in range(pp):
         layers = par.stage_layers(model.num_layers, stage)
-        weights = stage_weight_bytes(model_q, par, stage, act_bytes, gpu.compute_capability, version)
+        weights = stage_weight_bytes(model_q, par, stage, act_bytes, gpu.compute_capability, version, tokens,
+                                     seqs)
         if offload_left:  # maybe_offload_to_cpu moves whole layers' parameters until the budget is used
             moved = min(offload_left, int(weights * 0.95))
             weights -= moved
@@ -400,7 +479,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
-        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes, state), hybrid_manager,
+        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes, state, ds_mla), hybrid_manager,
                               rel.hybrid_groups_max_if_close)
         layouts.append(layout)
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
@@ -426,27 +505,28 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                         f"give {weights_max / GiB:.2f} GiB of weights: the config may not describe this checkpoint "
                         "(a quantization config missing?), so the weights figure is in doubt")
     if error is None and gpu.compute_capability < (8, 0) and dtype == "bfloat16":
-        error, error_class = messages.bf16_unsupported(gpu.name, gpu.compute_capability), "dtype_capability"
+        error, error_class = messages.bf16_unsupported(gpu.name, gpu.compute_capability), FailureClass.DTYPE_CAPABILITY
     if error is None and engine == "v1" and rel.free_memory_check and free_at_start < requested:
         error, error_class = messages.free_memory_too_low(version, free_at_start, total, util, requested), \
-            "gpu_memory_in_use"
+            FailureClass.GPU_MEMORY_IN_USE
     if error is None and start_used + weights_max + max(w.non_torch_bytes for w in workers) > total:
-        error, error_class = messages.weights_oom(total - start_used - weights_max, total), "oom_weights_load"
+        error = messages.weights_oom(total - start_used - weights_max, total)
+        error_class = FailureClass.OOM_WEIGHTS_LOAD
     if error is None and start_used + weights_max + max(w.activation_peak_bytes for w in workers) > total:
         error, error_class = "CUDA out of memory during the profile run (torch.OutOfMemoryError in profile_run)", \
-            "oom_profiling_or_graph"
+            FailureClass.OOM_PROFILING_OR_GRAPH
     if error is None and avail_min <= 0:
-        error, error_class = messages.no_cache_memory(version, engine), "no_cache_blocks"
+        error, error_class = messages.no_cache_memory(version, engine), FailureClass.NO_CACHE_BLOCKS
     if error is None:
         if engine == "v0":
             v0_tokens = block_size * blocks // (pp if rel.v0_tokens_divided_by_pp else 1)
             if max_len > v0_tokens:
                 error, error_class = messages.kv_too_small(version, engine, max_len, needed, avail_min, 0,
-                                                           v0_tokens), "kv_cache_too_small"
+                                                           v0_tokens), FailureClass.KV_CACHE_TOO_SMALL
         elif needed > fit_available:
             estimated = estimate_max_model_len(layout, fit_available, max_len, in_flight, version)
             error = messages.kv_too_small(version, engine, max_len, needed, fit_available, estimated, 0)
-            error_class = "kv_cache_too_small"
+            error_class = FailureClass.KV_CACHE_TOO_SMALL
     # After KV allocation: graphs are captured (outside the budget before 0.20), then the sampler warms up
     # with num_reqs dummy requests (gpu_worker.compile_or_warm_up_model) in whatever memory is left.
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
@@ -463,7 +543,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         risks.append(f"the sampler warm-up after the KV cache is allocated: {_gib(sampler_need)} GiB needed, "
                      f"{_gib(headroom)} GiB predicted free")
     if error is None and engine == "v1" and headroom < sampler_need:
-        error, error_class = messages.sampler_warmup_oom(num_reqs), "oom_profiling_or_graph"
+        error, error_class = messages.sampler_warmup_oom(num_reqs), FailureClass.OOM_PROFILING_OR_GRAPH
     headroom -= sampler_need if engine == "v1" else 0
     # PyTorch's allocator keeps freed blocks of the profile run cached, and vLLM's budget (the allocated peak,
     # gpu_worker.determine_available_memory) does not count them, so the warm-up finds less than vLLM planned. On the
@@ -496,7 +576,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         kv_high += max(workers[tight].activation_peak_bytes - with_flashinfer, 0)
     reserve = avail_min - fit_available
     kv_check = f"the KV cache check: {_gib(needed)} GiB needed, {_gib(kv_low)}-{_gib(kv_high)} GiB available"
-    if engine == "v1" and error_class == "kv_cache_too_small" and needed <= kv_high - reserve:
+    if engine == "v1" and error_class == FailureClass.KV_CACHE_TOO_SMALL and needed <= kv_high - reserve:
         risks.append(kv_check)
     elif engine == "v1" and error is None and needed > kv_low - reserve:
         risks.append(kv_check)

@@ -78,6 +78,31 @@ def bf16_unsupported(gpu_name: str, cc: tuple[int, int]) -> str:
             "flag in CLI, for example: --dtype=half.")
 
 
+def quantization_unsupported(method: str, need: int, cc: tuple[int, int]) -> str:
+    """config/vllm.py (config.py before 0.10) _get_quantization_config: the method's get_min_capability."""
+    return (f"The quantization method {method} is not supported for the current GPU. Minimum capability: {need}. "
+            f"Current capability: {cc[0] * 10 + cc[1]}.")
+
+
+def no_kernel_image(gpu_name: str, cc: tuple[int, int], version: Version) -> str:
+    """What stops the PyPI wheel on a GPU it has no kernels for: the CUDA runtime, at the first kernel launch (vLLM's
+    own code does not check), then the nearest release whose wheel runs it."""
+    from oomguard.engines.vllm.releases import nearest_cuda_release
+    from oomguard.engines.vllm.versions import fmt
+    head = (f"CUDA error: no kernel image is available for execution on the device (vLLM {fmt(version)}'s PyPI wheels, "
+            f"built with CUDA {release(version).cuda_toolkit}, carry no kernels for compute capability "
+            f"{cc[0]}.{cc[1]}: this {gpu_name}).")
+    nearest = nearest_cuda_release(cc, version)
+    if nearest is None:
+        return head + (" No vLLM release's wheels do: it needs a source build with TORCH_CUDA_ARCH_LIST naming it "
+                       "(on a PyTorch built for it), a community fork, or another engine.")
+    pick, newer = nearest
+    if newer:
+        return head + f" vLLM {fmt(pick)} and newer run it: pick --vllm-version {fmt(pick)} or later."
+    return head + (f" vLLM {pick[0]}.{pick[1]} (CUDA {release(pick).cuda_toolkit} wheels) and older run it: pick "
+                   f"--vllm-version {pick[0]}.{pick[1]}.x or earlier.")
+
+
 def max_len_above_derived(user: int, derived: int) -> str:
     return (f"User-specified max_model_len ({user}) is greater than the derived max_model_len "
             f"(max_position_embeddings={derived} or model_max_length=None in model's config.json). To allow "

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import TypeVar
 
 from oomguard.engines.vllm.versions import OLDEST, Version
+from oomguard.failures import FailureClass
 
 T = TypeVar("T")
 
@@ -38,12 +39,12 @@ class KnownRegression:
 
 
 _PP_CHECK_TOO_STRICT = KnownRegression(
-    "kv_cache_too_small", True,
+    FailureClass.KV_CACHE_TOO_SMALL, True,
     "vLLM 0.14-0.16 checks one request's KV need against all pipeline stages' layers at once, so with pipeline "
     "parallelism the check is about pp times stricter than the allocation (fixed in 0.17): upgrade rather than cut "
     "max_model_len.", fixed_in="0.17")
 _ESTIMATE_DROPPED = KnownRegression(
-    "kv_cache_too_small", False,
+    FailureClass.KV_CACHE_TOO_SMALL, False,
     "vLLM 0.8.x drops the estimated maximum model length from this message (a misplaced f-string); oomguard "
     "computes it from the GiB figures instead.")
 
@@ -87,6 +88,18 @@ class VllmRelease:
     gdn_flashinfer_checkpoint: bool      # GDN prefill on FlashInfer (Hopper): align 64, one more checkpoint page
     hybrid_groups_max_if_close: bool     # layer groups take the larger count when within 1.5x
     nemotron_h_ssm_dtype: str | None     # Nemotron-H's temporal state when config.json does not pin it
+    # --- model types added late (model_executor/models/registry.py: the first release listing the architecture) ---
+    late_model_types: frozenset[str]     # of the model types oomguard knows were added late, those this release runs
+    gemma4_kv_shared_q_only: bool        # gemma4.py: a KV-shared layer builds q_proj only (else a full qkv_proj)
+    # --- DeepSeek-V3.2 / GLM-5 sparse attention (models/deepseek_v2.py Indexer, models/deepseek_v32/ from 0.30) ---
+    dsa_indexer_wk_fused: bool           # wk + weights_proj fused into one unquantized wk_weights_proj
+    dsa_indexer_rope: bool               # the indexer builds its own RoPE (a second cos/sin cache)
+    dsa_indexer_rope_follows_interleave: bool  # ... NeoX-style unless indexer_rope_interleave (then the MLA one)
+    dsa_index_group_buffers: bool        # each index-producing layer allocates its own top-k index workspace
+    fp8_kv_becomes_ds_mla: bool          # --kv-cache-dtype fp8 on FlashMLA-sparse becomes fp8_ds_mla (656 B a token)
+    olmo3_transformers_backend: bool     # registry.py maps Olmo3ForCausalLM to the Transformers backend (HF RoPE)
+    ernie_score_bias: bool               # ernie45_moe.py: the router's e_score_correction_bias [experts]
+    ernie_router_fp32: bool              # ernie45_moe.py: router weight and score bias in float32
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
@@ -100,6 +113,14 @@ class VllmRelease:
     flashmla_block_64: bool              # FlashMLA's 64-token blocks on Hopper
     cutlass_mla_block_128: bool          # CUTLASS MLA's 128-token blocks on data-centre Blackwell
     mxfp4_triton_on_hopper: bool         # the wheel bundles triton_kernels for MXFP4 MoE on Hopper
+    # --- GPUs (the PyPI wheels' kernels, engine/arg_utils.py, config/model.py; docs/research/vllm-gpu-support.md) ---
+    cuda_toolkit: str                    # the CUDA the PyPI wheel was built with (nvcc strings in _C, libcudart.so.N)
+    cuda_archs: tuple[tuple[int, int], ...]  # SASS targets of the PyPI wheel's _C (its .nv_fatbin), compute capability
+    aarch64_wheels: bool                 # PyPI carries manylinux aarch64 wheels (Grace hosts: GH200, GB10)
+    v1_needs_ampere: bool                # V1 falls back to V0 below compute capability 8.0 (_is_v1_supported_oracle)
+    auto_dtype_avoids_bf16: bool         # dtype auto serves bfloat16 checkpoints in float16 below 8.0, with a warning
+    fp8_min_capability: int              # quantization/fp8.py get_min_capability (x 10): Marlin weight-only below 8.9
+    rocm_archs: frozenset[str]           # the gfx targets vLLM's ROCm install docs list
     # --- error texts (v1/core/kv_cache_utils.py, v1/worker/utils.py, engine/arg_utils.py) ---
     gib_rounded: bool                    # format_gib (round to 2) instead of "%.2f"
     docs_link_in_errors: bool
@@ -129,6 +150,20 @@ class VllmRelease:
     @property
     def is_v1_default(self) -> bool:
         return self.default_engine == "v1"
+
+    def runs_cuda(self, compute_capability: tuple[int, int]) -> bool:
+        """The PyPI wheel has kernels for a GPU of this compute capability: a SASS target of the same major at or
+        below its minor (CUDA's binary compatibility; the PTX it also carries is no older than 8.0)."""
+        major, minor = compute_capability
+        return any(a == major and b <= minor for a, b in self.cuda_archs)
+
+
+# model type -> the first release whose models/registry.py lists its architecture
+_LATE_MODEL_TYPES: dict[str, Version] = {
+    "ernie4_5_moe": (0, 9, 2), "deepseek_v32": (0, 11, 0), "olmo3": (0, 11, 0), "glm_moe_dsa": (0, 16, 0),
+    "gemma4": (0, 19, 0), "gemma4_text": (0, 19, 0),
+}
+LATE_MODEL_TYPES = frozenset(_LATE_MODEL_TYPES)
 
 
 @lru_cache(maxsize=None)
@@ -172,6 +207,18 @@ def release(version: Version) -> VllmRelease:
                                   ((0, 17, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe", "qwen3_5_text",
                                                           "qwen3_5_moe_text"}))),
         nemotron_h_ssm_dtype=_since(v, None, ((0, 13, 0), "float16"), ((0, 20, 0), "float32")),
+        # registry.py: Ernie4_5_MoeForCausalLM from 0.9.2; DeepseekV32ForCausalLM and Olmo3ForCausalLM from 0.11.0;
+        # GlmMoeDsaForCausalLM from 0.16.0; Gemma4ForCausalLM / Gemma4ForConditionalGeneration from 0.19.0
+        late_model_types=frozenset(t for t, since in _LATE_MODEL_TYPES.items() if v >= since),
+        gemma4_kv_shared_q_only=_since(v, False, ((0, 30, 0), True)),     # models/gemma4.py Gemma4Attention
+        dsa_indexer_wk_fused=_since(v, False, ((0, 20, 0), True)),        # deepseek_v2.py Indexer.wk_weights_proj
+        dsa_indexer_rope=_since(v, False, ((0, 12, 0), True)),            # deepseek_v2.py indexer_rope_emb
+        dsa_indexer_rope_follows_interleave=_since(v, False, ((0, 30, 0), True)),  # deepseek_v32/attention.py
+        dsa_index_group_buffers=_since(v, False, ((0, 33, 0), True)),     # v1/attention/backends/mla/index_group.py
+        fp8_kv_becomes_ds_mla=_since(v, False, ((0, 18, 0), True)),       # layers/attention/mla_attention.py
+        olmo3_transformers_backend=_since(v, False, ((0, 30, 0), True)),  # models/registry.py
+        ernie_score_bias=_since(v, False, ((0, 11, 0), True)),            # models/ernie45_moe.py Ernie4_5_MoeMoE
+        ernie_router_fp32=_since(v, False, ((0, 11, 1), True)),           # models/ernie45_moe.py Ernie4_5_MoeMoE
         hybrid_prefix_caching_default=_since(v, False, ((0, 28, 0), True)),  # config/cache.py mamba_cache_mode
         hybrid_prefix_caching_possible=_since(v, False, ((0, 15, 0), True)),
         gdn_flashinfer_checkpoint=_since(v, False, ((0, 33, 0), True)),     # v1/attention/backends/gdn_attn.py
@@ -189,6 +236,30 @@ def release(version: Version) -> VllmRelease:
         flashmla_block_64=(0, 8, 0) <= v < (0, 18, 0),                       # platforms/cuda.py
         cutlass_mla_block_128=_since(v, False, ((0, 10, 0), True)),         # platforms/cuda.py
         mxfp4_triton_on_hopper=_since(v, False, ((0, 12, 0), True)),        # quantization/mxfp4.py get_mxfp4_backend
+        # the PyPI x86_64 wheels: "release 12.8" / "release 12.9" / "release 13.0" in _C.abi3.so (none readable before
+        # 0.9: CUDA 12 before 12.8, it has no sm_100), libcudart.so.12 up to 0.19.1, libcudart.so.13 from 0.20.0
+        cuda_toolkit=_since(v, "12", ((0, 9, 0), "12.8"), ((0, 12, 0), "12.9"), ((0, 20, 0), "13.0")),
+        # the SASS targets in the .nv_fatbin of vllm/_C.abi3.so (_C_stable_libtorch.abi3.so from 0.24), read in every
+        # wheel 0.6.6 ... 0.33.0: Blackwell from 0.9 (sm_100) and 0.9.2 (sm_120); Volta dropped with CUDA 13 in 0.20
+        # (vllm#39878: TORCH_CUDA_ARCH_LIST "7.0 7.5 8.0 8.9 9.0 10.0 12.0" -> "7.5 8.0 8.6 8.9 9.0 10.0 12.0+PTX")
+        cuda_archs=_since(v, ((7, 0), (7, 5), (8, 0), (8, 6), (8, 9), (9, 0)),
+                          ((0, 9, 0), ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0))),
+                          ((0, 9, 1), ((7, 0), (7, 5), (8, 0), (8, 7), (8, 9), (9, 0), (10, 0))),
+                          ((0, 9, 2), ((7, 0), (7, 5), (8, 0), (8, 7), (8, 9), (9, 0), (10, 0), (12, 0))),
+                          ((0, 11, 1), ((7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0), (12, 0))),
+                          ((0, 20, 0), ((7, 5), (8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)))),
+        aarch64_wheels=_since(v, False, ((0, 10, 2), True)),                # PyPI's vllm files (manylinux_*_aarch64)
+        v1_needs_ampere=(0, 8, 0) <= v < (0, 10, 2),                         # engine/arg_utils._is_v1_supported_oracle
+        auto_dtype_avoids_bf16=_since(v, False, ((0, 9, 0), True)),         # config _get_and_verify_dtype fallback
+        fp8_min_capability=_since(v, 80, ((0, 14, 0), 75)),                 # quantization/fp8.py get_min_capability
+        # docs/getting_started/installation (amd-installation.rst up to 0.6, gpu/rocm.inc.md after) "GPU:" list, as
+        # read in the 0.6.0, 0.7.2, 0.9.0, 0.11.0 and 0.14.0 docs (a change is dated by the first of those naming it)
+        rocm_archs=_since(v, frozenset({"gfx90a", "gfx942", "gfx1100"}),
+                          ((0, 9, 0), frozenset({"gfx90a", "gfx942", "gfx1100", "gfx1101", "gfx1200", "gfx1201"})),
+                          ((0, 11, 0), frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200",
+                                                  "gfx1201"})),
+                          ((0, 14, 0), frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200",
+                                                  "gfx1201", "gfx1150", "gfx1151"}))),
         gib_rounded=_since(v, False, ((0, 14, 0), True)),                   # utils format_gib
         docs_link_in_errors=_since(v, False, ((0, 13, 0), True)),
         cpu_backend_wording=_since(v, False, ((0, 22, 0), True)),
@@ -229,11 +300,26 @@ def oldest() -> VllmRelease:
     return release(OLDEST)
 
 
+def nearest_cuda_release(compute_capability: tuple[int, int], version: Version) -> tuple[Version, bool] | None:
+    """For a refusal's advice: the modelled release nearest to `version` whose PyPI wheel has kernels for this compute
+    capability (a newer one as the first that has, an older one as its minor's first patch) and whether it is newer;
+    None when no release's wheel does."""
+    from oomguard.engines.vllm.versions import NEWEST
+    running = [(0, minor, patch) for minor in range(OLDEST[1], NEWEST[1] + 1) for patch in range(0, 10)
+               if release((0, minor, patch)).runs_cuda(compute_capability)]
+    if not running:
+        return None
+    newer = [r for r in running if r > version]
+    return (newer[0], True) if newer else ((0, running[-1][1], 0), False)
+
+
 def first_release_running(family: str) -> Version | None:
-    """The oldest modelled release whose hybrid_model_types include `family` (for a refusal's advice)."""
+    """The oldest modelled release whose hybrid_model_types or late_model_types include `family` (for a refusal's
+    advice)."""
     from oomguard.engines.vllm.versions import NEWEST
     for minor in range(OLDEST[1], NEWEST[1] + 1):
         for patch in range(0, 10):
-            if family in release((0, minor, patch)).hybrid_model_types:
+            rel = release((0, minor, patch))
+            if family in rel.hybrid_model_types or family in rel.late_model_types:
                 return (0, minor, patch)
     return None

@@ -89,9 +89,11 @@ def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: in
     return params // 2 + params // 32 + (experts * (2 * inter + hidden) * bias_bytes if bias else 0)
 
 
-def _linear(model: ModelSpec, name: str, params: int, act_bytes: int) -> float:
+def _linear(model: ModelSpec, name: str, params: int, act_bytes: int, layer: int | None = None,
+            section: str | None = None) -> float:
+    """A linear layer's weights; `layer` and `section` ("self_attn", "mlp", ...) let per-layer ignore lists apply."""
     quant = model.quant
-    if quant and quant.bits < 16 and quant.quantizes(name):
+    if quant and quant.bits < 16 and quant.quantizes(name, layer, section):
         return params * quant.bytes_per_param()
     return params * act_bytes
 
@@ -123,9 +125,71 @@ def _mamba2_mixer_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
     return total + _linear(model, "out_proj", h * inter, act_bytes)
 
 
-def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None) -> float:
-    """Bytes of one decoder layer on one TP rank; `mxfp4` is the MXFP4 MoE kernel (mxfp4_backend)."""
+def _moe_experts_bytes(model: ModelSpec, par: Parallel, act_bytes: int, layer: int | None = None) -> float:
+    """The routed experts of one MoE layer on one rank (fused_moe/layer.py FusedMoE: w13 [E, 2I, H], w2 [E, H, I];
+    experts split over TP at 1/tp width, or over EP ranks at full width)."""
+    moe, h, tp = model.moe, model.hidden_size, par.tp
+    inter = moe.expert_intermediate_size
+    experts_here, width = (cdiv(moe.num_experts, tp * par.dp), inter) if par.ep else (moe.num_experts, inter // tp)
+    return _linear(model, "experts", experts_here * 3 * h * width, act_bytes, layer, "experts")
+
+
+def _gemma4_layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, q_only_shared: bool) -> float:
+    """One Gemma 4 decoder layer on one TP rank (vllm/model_executor/models/gemma4.py Gemma4DecoderLayer)."""
     h, tp = model.hidden_size, par.tp
+    hd = model.head_dim_at(layer)                                   # gemma4_layer_config: global_head_dim on full
+    q_heads, kv_heads = model.num_heads // tp, max(1, model.kv_heads_at(layer) // tp)
+    total = model.norms_per_layer * h * act_bytes                   # Gemma4DecoderLayer: 4 RMSNorms (+1 with PLE)
+    if model.reads_shared_kv(layer) and q_only_shared:
+        # Gemma4Attention.__init__ (0.30+): a KV-shared layer builds q_proj only, no k_norm
+        total += _linear(model, "q_proj", h * q_heads * hd, act_bytes, layer, "self_attn")
+    else:
+        # Gemma4Attention.__init__: QKVParallelLinear (k_eq_v layers load K into the V slot too) and k_norm [hd]
+        total += _linear(model, "qkv_proj", h * (q_heads + 2 * kv_heads) * hd, act_bytes, layer, "self_attn")
+        total += hd * act_bytes
+    total += _linear(model, "o_proj", q_heads * hd * h, act_bytes, layer, "self_attn")   # RowParallelLinear
+    total += hd * act_bytes                                         # q_norm (v_norm has no weight)
+    if model.qkv_bias:                                              # attention_bias: q/k/v and o biases
+        total += (q_heads + 2 * kv_heads) * hd * act_bytes + h * act_bytes
+    width = model.layer_intermediate[layer] if model.layer_intermediate else model.intermediate_size
+    total += _linear(model, "mlp", 3 * h * width // tp, act_bytes, layer, "mlp")   # Gemma4MLP gate_up + down
+    if model.moe and model.moe.moe_layers[layer]:
+        # Gemma4DecoderLayer's MoE block beside the MLP: FusedMoE experts, Gemma4Router (GateLinear proj [E, H]
+        # unquantized, scale [H], per_expert_scale [E]) and three more RMSNorms
+        total += _moe_experts_bytes(model, par, act_bytes, layer)
+        total += (h * model.moe.num_experts + h + model.moe.num_experts) * act_bytes
+        total += 3 * h * act_bytes
+    if model.per_layer_embed:
+        # per_layer_input_gate [dim, H] and per_layer_projection [H, dim]: ReplicatedLinear, whole on every rank
+        total += _linear(model, "per_layer_input_gate", 2 * h * model.per_layer_embed.dim, act_bytes, layer,
+                         "per_layer_input_gate")
+    return total
+
+
+def _indexer_bytes(model: ModelSpec, act_bytes: int, version: Version | None) -> float:
+    """One layer's sparse-attention indexer, whole on every TP rank (models/deepseek_v2.py Indexer, 0.11-0.29;
+    models/deepseek_v32/attention.py DeepseekV32Indexer from 0.30)."""
+    ix, h, q_rank = model.indexer, model.hidden_size, model.mla.q_lora_rank or model.hidden_size
+    # wq_b: ReplicatedLinear [heads x head_dim, q_lora_rank], quantized like the checkpoint
+    total = _linear(model, "indexer.wq_b", q_rank * ix.num_heads * ix.head_dim, act_bytes)
+    if version is None or release(version).dsa_indexer_wk_fused:
+        # 0.20+: wk and weights_proj fused into wk_weights_proj [head_dim + heads, H], quant_config=None (an FP8 wk
+        # is upcast to BF16 while loading)
+        total += h * (ix.head_dim + ix.num_heads) * act_bytes
+    else:
+        # 0.11-0.19: wk ReplicatedLinear [head_dim, H] quantized; weights_proj [heads, H] with quant_config=None
+        total += _linear(model, "indexer.wk", h * ix.head_dim, act_bytes) + h * ix.num_heads * act_bytes
+    return total + 2 * ix.head_dim * act_bytes                  # k_norm: LayerNorm weight and bias
+
+
+def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None,
+                version: Version | None = None) -> float:
+    """Bytes of one decoder layer on one TP rank; `mxfp4` is the MXFP4 MoE kernel (mxfp4_backend); `version` picks
+    release-specific layouts (Gemma 4's KV-shared layers), the newest when not given."""
+    h, tp = model.hidden_size, par.tp
+    if model.model_type == "gemma4_text":
+        q_only = release(version).gemma4_kv_shared_q_only if version else True
+        return _gemma4_layer_bytes(model, layer, par, act_bytes, q_only)
     total = model.norms_per_layer * h * act_bytes
     if model.mla:
         m = model.mla
@@ -142,6 +206,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         total += _linear(model, "kv_b_proj", kv_b, act_bytes)
         total += kv_b * act_bytes  # W_UK_T and W_UV, absorbed copies made after loading (mla attention backends)
         total += _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
+        if model.indexer:
+            total += _indexer_bytes(model, act_bytes, version)
     elif model.layer_attention[layer] == "linear":
         total += _gated_delta_net_bytes(model, tp, act_bytes)
     elif model.layer_attention[layer] == "mamba":
@@ -159,7 +225,10 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
             total += (q_heads + 2 * kv_heads) * hd * act_bytes
         if model.o_bias:
             total += h * act_bytes
-        if model.qk_norm:
+        if model.qk_norm and model.model_type == "olmo3":
+            # olmo2.py / olmo3.py Olmo2Attention: q_norm over all heads, k_norm over all KV heads, whole on every rank
+            total += (model.num_heads + model.num_kv_heads) * hd * act_bytes
+        elif model.qk_norm:
             total += 2 * hd * act_bytes
         if model.model_type == "gpt_oss":
             total += q_heads * 4  # attention sinks, fp32
@@ -175,7 +244,14 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
             total += _linear(model, "experts", experts_here * mats * h * width, act_bytes)
             if model.model_type == "gpt_oss":
                 total += experts_here * (2 * width + h) * act_bytes  # expert biases
-        total += h * moe.num_experts * act_bytes + (moe.num_experts * act_bytes if moe.router_bias else 0)
+        if model.model_type == "ernie4_5_moe":
+            # ernie45_moe.py Ernie4_5_MoeMoE: gate [E, H] and e_score_correction_bias [E] (0.11+), float32 from 0.11.1
+            rel = release(version) if version else None
+            router = 4 if rel is None or rel.ernie_router_fp32 else act_bytes
+            total += h * moe.num_experts * router + (moe.num_experts * router if rel is None or rel.ernie_score_bias
+                                                     else 0)
+        else:
+            total += h * moe.num_experts * act_bytes + (moe.num_experts * act_bytes if moe.router_bias else 0)
         if moe.shared_intermediate_size:
             total += _linear(model, "shared_expert", mats * h * moe.shared_intermediate_size // tp, act_bytes)
         if moe.shared_expert_gate:
@@ -190,30 +266,64 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
 
 
 def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: int,
-                       compute_capability: tuple[int, int] | None = None, version: Version | None = None) -> int:
+                       compute_capability: tuple[int, int] | None = None, version: Version | None = None,
+                       batched_tokens: int = 0, batched_seqs: int = 0) -> int:
     """Weights held by one GPU of pipeline stage `stage` (every TP rank of a stage holds the same amount).
 
     The GPU's compute capability and the vLLM version pick kernel-specific layouts (MXFP4 padding); without
-    them the checkpoint's own layout is counted."""
+    them the checkpoint's own layout is counted. `batched_tokens` (max_num_batched_tokens) sizes buffers a model
+    file allocates while it loads (Gemma 4's per-layer-embedding buffer, the DSA top-k index buffers), with
+    `batched_seqs` (max_num_seqs)."""
     mxfp4 = mxfp4_backend(compute_capability, version)
     h = model.hidden_size
     first, last = stage == 0, stage == par.pp - 1
+    every = model.embeddings_every_stage   # the model file ignores PP for its embeddings (gemma4.py Gemma4Model)
     vocab_shard = padded_vocab(model.vocab_size) // par.tp * h
     total = 0.0
     quant = model.quant
     embedding = quant.measured_embedding if quant and quant.measured_embedding else act_bytes
-    if first or (last and model.tie_word_embeddings):
+    if first or every or (last and model.tie_word_embeddings):
         total += vocab_shard * embedding  # VocabParallelEmbedding (unquantized but for GGUF's)
-    if last:
+    if last or every:
         if not model.tie_word_embeddings:
             head = quant.measured_lm_head or quant.bytes_per_param() if quant and quant.lm_head_quantized else act_bytes
             total += vocab_shard * head
         total += h * act_bytes  # final norm
     for layer in par.stage_layers(model.num_layers, stage):
-        total += layer_bytes(model, layer, par, act_bytes, mxfp4)
+        total += layer_bytes(model, layer, par, act_bytes, mxfp4, version)
+    if (ple := model.per_layer_embed) and (first or every):
+        # gemma4.py Gemma4Model: embed_tokens_per_layer VocabParallelEmbedding [vocab_ple, layers x dim] (split over
+        # TP), per_layer_model_projection ColumnParallelLinear [layers x dim, H] and per_layer_projection_norm [dim]
+        width = model.num_layers * ple.dim
+        total += padded_vocab(ple.vocab) // par.tp * width * embedding
+        total += _linear(model, "per_layer_model_projection", h * width // par.tp, act_bytes) + ple.dim * act_bytes
+        if ple.batch_buffer:
+            # gemma4_mm.py Gemma4ForConditionalGeneration.__init__: per_layer_embeddings = torch.zeros(
+            # max_num_batched_tokens, layers, dim) on the GPU, allocated while the model loads
+            total += batched_tokens * width * act_bytes
+    if model.indexer:
+        ix, rel = model.indexer, release(version) if version else None
+        # DeepseekV2Model (0.11-0.29) / DeepseekV32Model (0.30+): topk_indices_buffer = torch.empty(
+        # max_num_batched_tokens, index_topk, dtype=torch.int32) on the GPU, allocated while the model loads
+        total += batched_tokens * ix.topk * 4
+        if rel is None or rel.dsa_index_group_buffers:
+            # 0.33 v1/attention/backends/mla/index_group.py SparseMLAIndexGroupBuilder: each index-producing layer
+            # opens a group with physical_topk_indices [rows + 1, index_topk] and valid_topk_counts [rows + 1] (int32),
+            # rows = min(max_num_batched_tokens, max_num_seqs) without speculative decoding
+            rows = min(batched_tokens, batched_seqs) + 1
+            total += len(par.stage_layers(model.num_layers, stage)) * rows * (ix.topk + 1) * 4
+        if rel is None or rel.dsa_indexer_rope:
+            # 0.12+: the indexer's own get_rope (is_neox_style=True; from 0.30 `not indexer_rope_interleave`), a second
+            # cos/sin cache unless it matches the MLA one (is_neox_style=False)
+            if model.rope_cache_positions and not (ix.rope_interleave and (
+                    rel is None or rel.dsa_indexer_rope_follows_interleave)):
+                total += model.rope_cache_positions[0] * model.rotary_dim * act_bytes
     # RotaryEmbedding.cos_sin_cache [max_position, rotary_dim] in the model dtype, one per distinct RoPE
     rope_bytes = 4 if model.model_type == "gpt_oss" else act_bytes  # models/gpt_oss.py: get_rope(dtype=torch.float32)
-    total += sum(positions * model.rotary_dim * rope_bytes for positions in model.rope_cache_positions)
-    if first and model.vision:
-        total += model.vision.params * act_bytes / par.tp
+    dims = model.rope_cache_dims or tuple(model.rotary_dim for _ in model.rope_cache_positions)
+    if not (model.model_type == "olmo3" and (version is None or release(version).olmo3_transformers_backend)):
+        # (0.30+ runs OLMo 3 on the Transformers backend, whose HF rotary embedding keeps no cos/sin cache)
+        total += sum(positions * dim * rope_bytes for positions, dim in zip(model.rope_cache_positions, dims))
+    if model.vision and (first or every):
+        total += model.vision.params * act_bytes / (1 if model.vision.replicated else par.tp)
     return int(total)
