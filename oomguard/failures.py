@@ -154,9 +154,12 @@ def message_table(package: str, name: str = "messages.json", engine: str = "any"
             continue
         taken.add(row["needle"])
         cls = FailureClass(row["class"])
-        placed = cls.value.startswith("oom_") and row.get("stage") in ("runtime", None)
+        stage = row.get("stage")
+        placed = cls.value.startswith("oom_") and stage in ("runtime", None)
+        # an engine failure while serving is a defect; at config or loading time, a release that lacks the model
+        defect = cls is FailureClass.ENGINE_BUG and stage not in ("config", "model_access", "weights_load")
         out.append(Signature(row["id"], cls, row["needle"], float(row["weight"]), row["source"],
-                             pattern=row.get("pattern") or None, kind="oom" if placed else "error",
+                             pattern=row.get("pattern") or None, kind="oom" if placed else "bug" if defect else "error",
                              cause=row.get("cause", ""), engine=engine))
     return tuple(out)
 

@@ -67,8 +67,10 @@ SIGNATURES: tuple[Signature, ...] = (
               "ggml/src/gguf.cpp", engine="llamacpp", cause="The GGUF file could not be opened (wrong path?)."),
     Signature("llamacpp.gguf_bounds", C.MODEL_ACCESS, "data is not within the file bounds", 0.88, "src/llama-model-loader.cpp",
               engine="llamacpp", cause="The GGUF file is truncated or corrupt (an incomplete download)."),
-    Signature("llamacpp.arch", C.QUANTIZATION_MISMATCH, "unknown model architecture", 0.8, "src/llama-model-loader.cpp",
-              engine="llamacpp", cause="This llama.cpp build does not know the GGUF's architecture (update it)."),
+    # the engine release predates the model: no setting runs it, a newer build does (classed with engine defects)
+    Signature("llamacpp.arch", C.ENGINE_BUG, "unknown model architecture", 0.8, "src/llama-model-loader.cpp",
+              engine="llamacpp", cause="This llama.cpp build does not know the GGUF's architecture: a newer build "
+                                       "runs it."),
     Signature("llamacpp.ggml_assert", C.ENGINE_BUG, "ggml_assert", 0.8, "ggml (GGML_ASSERT)", kind="bug",
               engine="llamacpp", cause="An internal llama.cpp assertion failed."),
 )

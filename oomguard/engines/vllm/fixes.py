@@ -513,6 +513,9 @@ def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
                             "that worked"))
     fixes.append(Fix("maintainers need the full log", action="search/report it on the engine's issue tracker "
                                                              "with this log"))
+    if hits and hits.best and hits.best.kind != "bug":   # a release too old for the model: no defect to report
+        return fill(hits.best.cause, n), [Fix("a newer release implements it", action="upgrade the engine"
+                                              + (f" (running vLLM {version})" if version else ""))]
     cause = hits.best.cause if hits and hits.best else "The engine hit an internal error."
     return cause + " This is the engine's bug, not your configuration.", fixes
 
