@@ -158,8 +158,9 @@ def message_table(package: str, name: str = "messages.json", engine: str = "any"
         placed = cls.value.startswith("oom_") and stage in ("runtime", None)
         # an engine failure while serving is a defect; at config or loading time, a release that lacks the model
         defect = cls is FailureClass.ENGINE_BUG and stage not in ("config", "model_access", "weights_load")
+        kind = row.get("kind") or ("oom" if placed else "bug" if defect else "error")
         out.append(Signature(row["id"], cls, row["needle"], float(row["weight"]), row["source"],
-                             pattern=row.get("pattern") or None, kind="oom" if placed else "bug" if defect else "error",
-                             cause=row.get("cause", ""), engine=engine))
+                             pattern=row.get("pattern") or None, kind=kind, cause=row.get("cause", ""),
+                             engine=engine, require=bool(row.get("require"))))
     return tuple(out)
 

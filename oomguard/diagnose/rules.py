@@ -134,6 +134,8 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
             extra = oom_evidence
             why = oom_why
         kind = hits.kind if hits else "error"
+        if cls == oom_class and kind == "hint":   # a hint that agrees with an out-of-memory error is not a mere hint
+            kind = "oom"
         summary, fixes = _build(cls, numbers, facts, hits, why)
         finding = Finding(cls, min(weight, 0.99), summary, _evidence(hits, extra), fixes, numbers=numbers)
         if cls == oom_class and oom_why and cls.startswith("oom_"):

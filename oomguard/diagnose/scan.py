@@ -24,9 +24,13 @@ from oomguard.diagnose import common_signatures
 _WRITTEN = vllm_signatures.SIGNATURES + llamacpp_signatures.SIGNATURES + common_signatures.SIGNATURES
 # hand-written signatures (with the patterns fixes need) first; the tables read from each engine's source add the
 # wordings they lack (failures.message_table)
-ALL_SIGNATURES: tuple[Signature, ...] = _WRITTEN + message_table("oomguard.engines.sglang", engine="sglang",
-                                                                 known=_WRITTEN)
-ALL_SIGNATURES += message_table("oomguard.engines.ollama", engine="ollama", known=ALL_SIGNATURES)
+ALL_SIGNATURES: tuple[Signature, ...] = _WRITTEN
+for _package, _name, _engine in (("oomguard.engines.vllm", "messages.json", "vllm"),
+                                 ("oomguard.engines.llamacpp", "messages.json", "llamacpp"),
+                                 ("oomguard.diagnose", "layer_messages.json", "any"),
+                                 ("oomguard.engines.sglang", "messages.json", "sglang"),
+                                 ("oomguard.engines.ollama", "messages.json", "ollama")):
+    ALL_SIGNATURES += message_table(_package, _name, engine=_engine, known=ALL_SIGNATURES)
 
 WINDOW = 4            # lines after a hit read for its numbers
 EVIDENCE_FIRST = 3    # evidence lines kept per class: the first few ...
