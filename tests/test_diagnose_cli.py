@@ -231,3 +231,16 @@ def test_gpu_and_version_given_for_a_log_that_does_not_say_them(tmp_path):
         r = subprocess.run([sys.executable, "-m", "oomguard", "diagnose", str(log), *bad], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_accuracy_on_reports_from_every_source_does_not_regress():
+    """The failure reports collected for this project (benchmarks/data/failures/) and, when present beside the
+    checkout, ../shared/data and its batch2/: top-1 and the reports left without a finding (README figures)."""
+    from benchmarks.diagnose_accuracy import ALL_DATA, load, run_records
+
+    result = run_records(load(ALL_DATA))
+    collected = [g for name, g in result["groups"].items() if name.startswith("collected_")]
+    hits, total = sum(g["hit"] for g in collected), sum(g["total"] for g in collected)
+    assert total >= 160 and hits / total >= 0.63, (hits, total)
+    if result["records"] > total:   # the shared data is present
+        assert result["top1"] >= 0.73 and len(result["no_finding"]) <= 12, (result["top1"], result["no_finding"])

@@ -233,3 +233,12 @@ def test_a_garbled_serve_line_in_a_log_is_not_read_as_a_command():
     # a mangled paste ("--t" abbreviates two vLLM flags) is prose to diagnose, not an error
     from oomguard.diagnose.facts import parse_serve_command
     assert parse_serve_command("vllm serve org/model --t 2", need_path=True) is None
+
+
+def test_random_bytes_never_make_an_out_of_memory_finding():
+    """Binary noise holds "oom" by chance every few hundred kilobytes; it is not a message."""
+    rnd = random.Random(11)
+    for _ in range(3):
+        data = bytes(rnd.getrandbits(8) for _ in range(2_000_000))
+        d = diagnose_sources([("noise", io.BytesIO(data))], use_planner=False)
+        assert not [f for f in d.findings if f.cls.startswith("oom_")], [f.cls for f in d.findings]
