@@ -46,3 +46,18 @@ def test_like_names_the_base_and_an_unknown_base_is_one_line(capsys):
 def test_a_name_that_matches_nothing_keeps_the_catalog_error():
     with pytest.raises(UsageError, match="not in the offline catalog"):
         load_model("someone/Totally-Unknown-Model-9B")
+
+
+@pytest.mark.parametrize("model_id, base", [
+    ("RedHatAI/gemma-4-26B-A4B-it-NVFP4", "google/gemma-4-26B-A4B"),      # the instruct tune of a base in the catalog
+    ("TheBloke/CodeLlama-13B-Instruct-fp16", "codellama/CodeLlama-13b-hf"),
+    ("someone/Qwen3-8B-Base", "Qwen/Qwen3-8B"),
+])
+def test_an_instruct_or_base_sibling_shares_the_catalog_models_shapes(model_id, base):
+    assert load_model(model_id).resolved_from == base
+
+
+def test_a_different_model_of_the_family_is_not_a_sibling():
+    # Qwen2.5-Coder-32B is not Qwen2.5-32B (nor anything else in the catalog) by name: --like says so explicitly
+    with pytest.raises(UsageError, match="not in the offline catalog"):
+        load_model("Qwen/Qwen2.5-Coder-32B-Instruct-AWQ")

@@ -36,6 +36,14 @@ def quant_from_name(model_id: str) -> QuantSpec | None:
     return next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
 
 
+_TUNE_SUFFIX = re.compile(r"-(?:instruct|it|chat|base|hf)$")
+
+
+def _sibling_name(model_id: str) -> str:
+    """'google/gemma-4-26B-A4B-it' and 'google/gemma-4-26B-A4B' name one shape: a tune keeps its base's layers."""
+    return _TUNE_SUFFIX.sub("", base_name(model_id))
+
+
 def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
     """The catalog model `model_id` names (or `like`), with the quantization its name states; None if none."""
     from oomguard.models.load import catalog_entry, catalog_ids, from_catalog
@@ -45,10 +53,13 @@ def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
             return None
         base = from_catalog(like)
     else:
-        wanted = base_name(model_id)
         ids = sorted({name[:-5].replace("--", "/", 1) for name in catalog_ids().values()})
-        matches = [i for i in ids if base_name(i) == wanted and not quant_from_name(i)]
-        if not matches:
+        # the same name first; then the same model as its instruct or base sibling, which share every shape
+        for same in (base_name, _sibling_name):
+            matches = [i for i in ids if same(i) == same(model_id) and not quant_from_name(i)]
+            if matches:
+                break
+        else:
             return None
         base = from_catalog(matches[0])
     quant = quant_from_name(model_id) or base.quant
