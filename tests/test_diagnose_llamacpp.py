@@ -41,3 +41,25 @@ def test_real_llama_server_log_error_and_metrics(llama_server, capsys):
     code = main(["diagnose", "--metrics", server.url + "/metrics", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["facts"]["engine"] == "llamacpp" and data["findings"] == []
+
+
+def test_llama_cpp_fixes_carry_the_numbers_the_log_shows():
+    """-ngl from the model buffer of the offloaded layers and the GPU's memory beside the KV buffer; -c halved from
+    the context the log shows."""
+    from oomguard.diagnose.pipeline import diagnose_text
+
+    log = ("load_tensors: offloaded 33/33 layers to GPU\n"
+           "load_tensors:        CUDA0 model buffer size =  7605.33 MiB\n"
+           "llama_context: n_ctx         = 32768\n"
+           "llama_kv_cache:      CUDA0 KV buffer size =  4096.00 MiB\n"
+           "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 7605.33 MiB on device 0: cudaMalloc failed: "
+           "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 7974748160\n")
+    d = diagnose_text(log, use_planner=False, given={"total_gpu_memory_gib": 11.75})
+    top = d.findings[0]
+    assert top.cls == "oom_weights_load"
+    ngl = next(f for f in top.fixes if f.flag == "-ngl")
+    # 7605 MiB / 33 layers = 0.23 GiB a layer; 11.75 - 1 (llama-fit-params' margin) - 4 (KV) = 6.75 GiB -> 29 layers
+    assert ngl.value == 29 and "0.23 GiB" in ngl.reason
+    kv = diagnose_text("llama_context: n_ctx         = 32768\nllama_kv_cache:      CUDA0 KV buffer size =  4096.00 MiB\n"
+                       "llama_init_from_model: failed to allocate buffer for kv cache\n", use_planner=False)
+    assert next(f for f in kv.findings[0].fixes if f.flag == "-c").value == 16384

@@ -23,12 +23,13 @@ def diagnose_sources(sources: Iterable[tuple[str, BinaryIO]], command: dict | No
     return _conclude(scanner, command, use_planner, given)
 
 
-def diagnose_text(text: str, command: dict | None = None, use_planner: bool = True, name: str = "-") -> Diagnosis:
+def diagnose_text(text: str, command: dict | None = None, use_planner: bool = True, name: str = "-",
+                  given: dict | None = None) -> Diagnosis:
     scanner = Scanner()
     for number, line in iter_text_lines(text):
         scanner.feed(number, line, name)
     scanner.finish()
-    return _conclude(scanner, command, use_planner)
+    return _conclude(scanner, command, use_planner, given)
 
 
 def _conclude(scanner: Scanner, command: dict | None, use_planner: bool, given: dict | None = None) -> Diagnosis:
