@@ -522,3 +522,16 @@ def test_startup_summary_on_real_startup_logs():
         assert found.get(field, 0) >= 0.85 * total[field], (field, found.get(field), total[field])
     for field in ("kv_cache_memory_gib", "kv_cache_tokens", "max_concurrency", "gpu_memory_utilization"):
         assert found.get(field, 0) >= 0.7 * total[field], (field, found.get(field), total[field])
+
+
+def test_startup_facts_are_frozen_and_later_sources_make_new_ones():
+    from oomguard.diagnose.facts import StartupFacts
+
+    d = diagnose_text("INFO vLLM API server version 0.11.0\nValueError: No available memory for the cache blocks.",
+                      use_planner=False, given={"vllm_version": "0.9.0", "gpu_name": "NVIDIA L4"})
+    facts = d.facts
+    assert isinstance(facts, StartupFacts)
+    assert facts["vllm_version"] == "0.11.0" and facts["gpu_name"] == "NVIDIA L4"   # the log's word wins
+    with pytest.raises(TypeError):
+        facts.values["x"] = 1
+    assert facts.with_(x=1)["x"] == 1 and "x" not in facts

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
 import ast
 import re
 
@@ -47,8 +51,36 @@ def _num(raw: dict, name: str, key: str = "v"):
     return None if value is None else to_number(value)
 
 
-def build(raw: dict, engines: set[str]) -> dict:
-    """Structured facts from the scanner's raw matches (keys absent when the log did not show them)."""
+@dataclass(frozen=True)
+class StartupFacts(Mapping):
+    """What a log showed of the setup (engine, version, GPU, model, settings, the startup's memory figures), keyed by
+    the engine's own argument names. Frozen: a later source of facts makes a new one (`with_defaults`, `with_`)."""
+
+    values: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+
+    def __getitem__(self, key: str):
+        return self.values[key]
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def with_defaults(self, more: Mapping) -> "StartupFacts":
+        """These facts, and `more`'s where the log did not say (a user's --gpu, a --command's flags)."""
+        return StartupFacts(MappingProxyType({**more, **self.values}))
+
+    def with_(self, **more) -> "StartupFacts":
+        return StartupFacts(MappingProxyType({**self.values, **more}))
+
+    def to_dict(self) -> dict:
+        return dict(self.values)
+
+
+def build(raw: dict, engines: set[str]) -> tuple[StartupFacts, dict | None]:
+    """Structured facts from the scanner's raw matches (keys absent when the log did not show them), and the
+    `vllm serve` command the log printed ({model, flags}, or None), which stands in for --command."""
     facts: dict = {}
     if "vllm" in engines or any(k in raw for k in ("vllm_version", "engine_config", "non_default_args")):
         facts["engine"] = "vllm"
@@ -137,18 +169,10 @@ def build(raw: dict, engines: set[str]) -> dict:
         facts.setdefault("gpu_name", raw["llamacpp_device"]["name"].strip())
         facts["compute_capability"] = raw["llamacpp_device"]["cc"]
     _llamacpp(raw, facts)
-    if "serve_command" in raw:
-        _serve_command(raw["serve_command"]["v"], facts)
-    return facts
-
-
-def _serve_command(text: str, facts: dict) -> None:
-    """The `vllm serve` line the log shows: its text, and (under `_serve_command`) the model and flags, which the
-    pipeline uses like --command (what vLLM itself printed still wins)."""
-    command = parse_serve_command(text, need_path=True)
-    if command:
-        facts["serve_command"] = text.strip()[:2000]
-        facts["_serve_command"] = command
+    command = parse_serve_command(raw["serve_command"]["v"], need_path=True) if "serve_command" in raw else None
+    if command:   # what vLLM itself printed still wins over the command's flags
+        facts["serve_command"] = raw["serve_command"]["v"].strip()[:2000]
+    return StartupFacts(MappingProxyType(facts)), command
 
 
 def parse_serve_command(text: str, need_path: bool = False) -> dict | None:

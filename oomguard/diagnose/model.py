@@ -7,6 +7,7 @@ added, never renamed: `command` (the user's `vllm serve` line rewritten with the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from oomguard.failures import FailureClass, Fix
@@ -52,11 +53,11 @@ class Finding:
 @dataclass
 class Diagnosis:
     findings: list[Finding]
-    facts: dict
+    facts: Mapping   # StartupFacts for a log; the metric facts for --metrics
     lines: int = 0
 
     def to_dict(self) -> dict:
-        return {"findings": [f.to_dict() for f in self.findings], "facts": self.facts}
+        return {"findings": [f.to_dict() for f in self.findings], "facts": dict(self.facts)}
 
     @property
     def top(self) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import BinaryIO, Iterable
 
 from oomguard.diagnose import facts as facts_mod
@@ -33,24 +34,18 @@ def diagnose_text(text: str, command: dict | None = None, use_planner: bool = Tr
 
 
 def _conclude(scanner: Scanner, command: dict | None, use_planner: bool, given: dict | None = None) -> Diagnosis:
-    facts = facts_mod.build(scanner.facts.get("_raw", {}), scanner.engines)
-    for key, value in (given or {}).items():   # --gpu, --vllm-version: the log's own word wins
-        facts.setdefault(key, value)
-    logged = facts.pop("_serve_command", None)
-    if command is None and logged:  # the `vllm serve` line in the log stands in for --command
-        command = logged
+    facts, logged = facts_mod.build(scanner.facts.get("_raw", {}), scanner.engines)
+    facts = facts.with_defaults(given or {})   # --gpu, --vllm-version: the log's own word wins
+    command = command or logged                # the `vllm serve` line in the log stands in for --command
     if command:
-        if command.get("model"):
-            facts.setdefault("model", command["model"])
-        for key, value in command.get("flags", {}).items():
-            facts.setdefault(key, value)
-        facts.setdefault("engine", "vllm")
+        facts = facts.with_defaults({"engine": "vllm", **command.get("flags", {}),
+                                     **({"model": command["model"]} if command.get("model") else {})})
     diagnosis = rules.diagnose(scanner, facts)
+    extra: dict = {}
     if diagnosis.findings:
         from oomguard.diagnose.planner import advise
         top = diagnosis.findings[0]
         if top.cls not in (FailureClass.CONNECTION, FailureClass.UNKNOWN, FailureClass.ENGINE_BUG,
                            FailureClass.MODEL_ACCESS, FailureClass.TOKENIZER_CHAT_TEMPLATE):
-            advise(top, facts, command, use_planner=use_planner)
-    facts["lines_read"] = scanner.lines
-    return diagnosis
+            extra = advise(top, diagnosis.facts, command, use_planner=use_planner)
+    return replace(diagnosis, facts=diagnosis.facts.with_(**extra, lines_read=scanner.lines))

@@ -7,6 +7,8 @@ Everything here degrades: no model, a model outside the catalog, an unknown GPU 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import shlex
 
 from oomguard.diagnose.model import Finding, Fix
@@ -101,14 +103,16 @@ def _predict(model: str, facts: dict, flags: dict):
                    vllm_version=facts.get("vllm_version"), flags=flags, **gpu)
 
 
-def advise(finding: Finding, facts: dict, command: dict | None = None, use_planner: bool = True) -> None:
+def advise(finding: Finding, facts: Mapping, command: dict | None = None, use_planner: bool = True) -> dict:
     """Rewrite the user's serve line with the finding's first applicable fix, checked with the planner when it can.
 
-    Adds `finding.command` and notes; adds facts["planner"] (status) and facts["comparison"] (measured vs predicted).
+    Adds `finding.command` and notes; returns the facts it learned: "planner" (status) and "comparison" (measured vs
+    predicted).
     """
+    learned: dict = {}
     model = (command or {}).get("model") or facts.get("model")
     if not model or facts.get("engine", "vllm") != "vllm":
-        return
+        return learned
     flags = engine_flags(facts)
     flags.update((command or {}).get("flags", {}))
     fix_flags = [(f, _flag_dest(f)) for f in finding.fixes]
@@ -118,11 +122,11 @@ def advise(finding: Finding, facts: dict, command: dict | None = None, use_plann
     if use_planner:
         try:
             report_now = _predict(model, facts, flags)
-            facts["planner"] = "ok"
-            _compare(report_now, facts)
+            learned["planner"] = "ok"
+            learned.update(_compare(report_now, facts))
         except Exception as exc:  # the planner is optional here: say why and keep the text-derived fixes
             status = f"planner unavailable for this model: {_reason(exc)}"
-            facts["planner"] = status
+            learned["planner"] = status
 
     candidates = [(fix, dest) for fix, dest in fix_flags if dest]
     if report_now is not None and finding.cls in _MEMORY_CLASSES:
@@ -166,6 +170,7 @@ def advise(finding: Finding, facts: dict, command: dict | None = None, use_plann
         finding.command = serve_line(model, flags, facts, {first.flag: first.value}, (command or {}).get("extra"))
     if status:
         finding.notes.append(status)
+    return learned
 
 
 def _reason(exc: Exception) -> str:
@@ -173,7 +178,7 @@ def _reason(exc: Exception) -> str:
     return (text[:160] + "...") if len(text) > 160 else (text or type(exc).__name__)
 
 
-def _compare(report, facts: dict) -> None:
+def _compare(report, facts: Mapping) -> dict:
     predicted = report.to_dict()
     rows = []
     for measured_key, predicted_key, tolerance in _COMPARE:
@@ -184,5 +189,4 @@ def _compare(report, facts: dict) -> None:
         differs = abs(measured - guess) / base > tolerance and abs(measured - guess) > 0.05
         rows.append({"what": measured_key, "measured": measured, "predicted": round(guess, 2) if isinstance(
             guess, float) else guess, "differs": differs})
-    if rows:
-        facts["comparison"] = rows
+    return {"comparison": rows} if rows else {}

@@ -256,5 +256,4 @@ def _known_regressions(scored: list, facts: dict) -> None:
 
 def diagnose(scanner: Scanner, facts: dict) -> Diagnosis:
     findings = build_findings(scanner, facts)
-    facts["warnings"] = warning_signs(facts)
-    return Diagnosis(findings, facts, scanner.lines)
+    return Diagnosis(findings, facts.with_(warnings=warning_signs(facts)), scanner.lines)
