@@ -274,7 +274,7 @@ def test_html_report_in_chromium(upstream, tmp_path):
     html = tmp_path / "report.html"
     rc = main(["loadtest", url, "--concurrency", "4:8", "--duration", "1.5s", "--output-tokens", "20",
                "--stop-when", "errors>0", "--html", str(html), "--progress", "off"])
-    assert rc == 0
+    assert rc == 1   # 8 on 6 slots queues: not held, and the report is still written
     text = html.read_text()
     assert "src=" not in text and "href=" not in text and "<script src" not in text  # self-contained
     probe = tmp_path / "probe.html"

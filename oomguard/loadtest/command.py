@@ -315,7 +315,7 @@ async def _main(plan: Plan) -> dict:
                                                     max_requests=args.max_requests, conditions=plan.conditions,
                                                     drain_timeout=0.0)
                         progress.message(_stage_line(st))
-                        if not stage_held(st) or runner.interrupt.is_set():
+                        if not stage_held(st, runner.stage_points(st)) or runner.interrupt.is_set():
                             break
                         await runner.settle()
                 else:
@@ -330,7 +330,7 @@ async def _main(plan: Plan) -> dict:
                         if runner.interrupt.is_set():
                             break
                         stage_of[st.load.value] = st.index
-                        search.record(st.load.value, stage_held(st))
+                        search.record(st.load.value, stage_held(st, runner.stage_points(st)))
                         if st.ended_because == "server_down":
                             notes.append("the server stopped answering during the capacity search")
                             break

@@ -22,12 +22,19 @@ def _r(x: float | None, nd: int = 4) -> float | None:
 
 
 def _latency(results: list[RequestResult]) -> dict[str, dict]:
+    """Percentiles of the finished requests, and of every request with the unfinished ones counted at the time they
+    were cancelled (a lower bound: a queue hides in the first figures, never in the second)."""
     ok = [r for r in results if r.ok]
+    unfinished = [r for r in results if r.cancelled]
     return {
         "ttft_s": _round_summary(summarize(r.ttft for r in ok if r.ttft is not None)),
         "itl_s": _round_summary(summarize(x for r in ok if r.itls for x in r.itls)),
         "tpot_s": _round_summary(summarize(t for r in ok if (t := r.tpot) is not None)),
         "e2e_s": _round_summary(summarize(r.e2e for r in ok)),
+        "unfinished": len(unfinished),
+        "ttft_with_unfinished_s": _round_summary(summarize(
+            [r.ttft for r in ok if r.ttft is not None] + [r.ttft if r.ttft is not None else r.e2e for r in unfinished])),
+        "e2e_with_unfinished_s": _round_summary(summarize([r.e2e for r in ok + unfinished])),
     }
 
 
@@ -89,7 +96,8 @@ def stage_dict(runner: Runner, st: StageState, slo: dict[str, float]) -> dict:
         "held_s": _r(held_s, 3),
         "drained_s": _r(st.t_drained - st.t_end, 3),
         "ended_because": st.ended_because,
-        "held": stage_held(st),
+        "held": stage_held(st, pts),
+        "not_held_because": shortfalls(st, pts),
         "stopped_by": [f.to_dict() for f in st.firings],
         "server_down": st.server_down_reason,
         "requests": {
@@ -129,8 +137,40 @@ def _pct(sorted_values: list[float], q: float) -> float | None:
     return percentile(sorted_values, q)
 
 
-def stage_held(st: StageState) -> bool:
-    return st.ended_because in ("duration", "max_requests") and st.errors == 0 and not st.firings
+def stage_held(st: StageState, points: list = ()) -> bool:
+    """The server held the load: the stage ran to its end with no error, no stop condition, and none of the signs of
+    a server that takes the load in but does not keep up (`shortfalls`)."""
+    return st.ended_because in ("duration", "max_requests") and st.errors == 0 and not st.firings and \
+        not shortfalls(st, points)
+
+
+def shortfalls(st: StageState, points: list = ()) -> list[str]:
+    """Why a stage that ended without errors still did not hold its load, each in one phrase."""
+    out = []
+    if st.not_sent:
+        out.append(f"{st.not_sent} arrivals were never sent (--max-inflight requests were already out)")
+    if st.cancelled and st.drain_timeout > 0:
+        out.append(f"{st.cancelled} of {st.sent} requests were still unfinished {st.drain_timeout:g} s after the load "
+                   "stopped")
+    if not st.load.closed_loop:   # open loop: arrivals do not wait for answers, so a backlog shows a shortfall
+        mid, end = _in_flight_at(st, (st.t_start + st.t_end) / 2), _in_flight_at(st, st.t_end)
+        if end > 1.5 * mid + 2:
+            out.append(f"the requests in flight grew from {mid} to {end}: the server finishes fewer than arrive "
+                       f"({st.sent / max(1e-9, st.t_end - st.t_start):.2f} req/s offered)")
+    waiting = [p.waiting for p in points if getattr(p, "waiting", None) is not None]
+    if len(waiting) >= 3:
+        third = max(1, len(waiting) // 3)
+        first, last = sum(waiting[:third]) / third, sum(waiting[-third:]) / third
+        if last > first + 1 and max(waiting) >= 2:
+            out.append(f"the server's waiting queue grew from {first:.0f} to {last:.0f}")
+        elif st.load.closed_loop and sorted(waiting)[len(waiting) // 2] >= 1:
+            out.append(f"the server kept {sorted(waiting)[len(waiting) // 2]:.0f} requests waiting: it serves fewer "
+                       "at once than were sent")
+    return out
+
+
+def _in_flight_at(st: StageState, t: float) -> int:
+    return sum(1 for r in st.results if r.start <= t < r.end)
 
 
 def timeseries(runner: Runner) -> dict[str, Any]:
@@ -229,6 +269,8 @@ def _why(s: dict) -> str:
     if s["requests"]["errors"]:
         top = s["errors"][0]
         return f"{s['requests']['errors']} errors (first: {top['label']} {top['message']})"
+    if s.get("not_held_because"):
+        return "; ".join(s["not_held_because"])
     return s["ended_because"]
 
 
@@ -238,7 +280,11 @@ def _evidence(s: dict) -> str:
         "peak KV not reported"
     pre = _count(srv["preemptions"], "preemption") if srv["preemptions"] is not None else \
         "preemptions not reported"
-    return f"{kv}, {pre}, {_count(s['requests']['errors'], 'error')}"
+    rq, tp = s["requests"], s["throughput"]
+    unfinished = rq["cancelled"] + rq["not_sent_max_inflight"]
+    done = f", {format_rate(tp['requests_per_s'])} of {format_rate(tp['offered_requests_per_s'])} req/s offered done" \
+        if s["load"]["kind"] != "concurrency" else ""
+    return f"{kv}, {pre}, {_count(rq['errors'], 'error')}" + (f", {unfinished} unfinished" if unfinished else "") + done
 
 
 def _count(n: float, noun: str) -> str:
@@ -283,16 +329,20 @@ def render_table(report: dict, console) -> None:
     from rich.table import Table
 
     t = Table(title=f"oomguard loadtest {report['url']} ({report['model']})", title_justify="left")
-    for col in ("load", "time", "ok", "err", "req/s", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
-                "E2E p50/p99 ms", "peak KV", "run/wait max", "preempt", "result"):
+    for col in ("load", "time", "ok", "err", "unfinished", "req/s done/offered", "out tok/s", "TTFT p50/p99 ms",
+                "ITL p50/p99 ms", "E2E p50/p99 ms", "peak KV", "run/wait max", "preempt", "result"):
         t.add_column(col, justify="left" if col in ("load", "result") else "right")
     for s in report["stages"]:
         lat, srv, rq = s["latency"], s["server"], s["requests"]
+        # unfinished requests count at the time they were cancelled: a queue never hides in the percentiles
+        ttft = lat["ttft_with_unfinished_s"] if lat["unfinished"] else lat["ttft_s"]
         result = "held" if s["held"] else (_why(s) if s["ended_because"] != "interrupted" else "interrupted")
         t.add_row(
             s["load"]["label"], format_duration(s["held_s"]), str(rq["ok"]), str(rq["errors"]),
-            format_rate(s['throughput']['requests_per_s']), f"{s['throughput']['output_tokens_per_s']:.0f}",
-            f"{_ms(lat['ttft_s']['p50'])}/{_ms(lat['ttft_s']['p99'])}",
+            str(rq["cancelled"] + rq["not_sent_max_inflight"]),
+            f"{format_rate(s['throughput']['requests_per_s'])}/{format_rate(s['throughput']['offered_requests_per_s'])}",
+            f"{s['throughput']['output_tokens_per_s']:.0f}",
+            f"{_ms(ttft['p50'])}/{_ms(ttft['p99'])}",
             f"{_ms(lat['itl_s']['p50'])}/{_ms(lat['itl_s']['p99'])}",
             f"{_ms(lat['e2e_s']['p50'])}/{_ms(lat['e2e_s']['p99'])}",
             "-" if srv["peak_kv_usage"] is None else f"{srv['peak_kv_usage'] * 100:.0f}%",

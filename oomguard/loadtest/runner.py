@@ -87,6 +87,7 @@ class StageState:
     firings: list[Firing] = field(default_factory=list)
     server_down_reason: str | None = None
     in_flight_peak: int = 0
+    drain_timeout: float = 0.0   # how long the stage's last requests were given to finish before being cancelled
 
     @property
     def in_flight(self) -> int:
@@ -285,7 +286,7 @@ class Runner:
                         drain_timeout: float = 30.0) -> StageState:
         now = self.now()
         st = StageState(index=len(self.stages), load=load, t_start=now, deadline=now + duration,
-                        cap=max_requests, last_answer_t=now)
+                        cap=max_requests, last_answer_t=now, drain_timeout=drain_timeout)
         self.stages.append(st)
         st.first_point = len(self.sampler.points)
         if self.sampler.engine is not None:  # a baseline for counters such as preemptions

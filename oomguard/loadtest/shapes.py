@@ -27,6 +27,11 @@ class Load:
     def integer(self) -> bool:
         return self.kind in ("concurrency", "burst")
 
+    @property
+    def closed_loop(self) -> bool:
+        """A request leaves only when one has finished: the client cannot outrun the server."""
+        return self.kind == "concurrency"
+
     def at(self, value: float) -> "Load":
         return replace(self, value=int(round(value)) if self.integer else value)
 
