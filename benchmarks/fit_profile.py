@@ -122,8 +122,10 @@ def observations(records: list[dict]) -> list[Observation]:
             names = GROUPS["non_torch"][1]
             obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
                 lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc), names),)))
-        # on unified memory (GB10) the OS's own use shows as used GPU memory: not the CUDA context this models
-        if r.get("gpu_total_memory_gib") and r.get("gpu_free_at_start_gib") and not (gpu and gpu.unified_memory):
+        # on unified memory (GB10) the OS's own use shows as used GPU memory, and a start refused because memory was
+        # in use measures another process: neither is the CUDA context this models
+        if r.get("gpu_total_memory_gib") and r.get("gpu_free_at_start_gib") and not (gpu and gpu.unified_memory) \
+                and r.get("error_kind") != "gpu_memory_in_use":
             names = GROUPS["start_used"][1]
             used = r["gpu_total_memory_gib"] - r["gpu_free_at_start_gib"]
             obs.append(Observation(r["id"], "start_used", used, (linearize(
