@@ -252,3 +252,15 @@ def test_an_ambiguous_architecture_is_one_line_exit_2(capsys):
     assert main(["plan", "meta-llama/Llama-3.2-1B-Instruct", "--gpu", "gfx942"]) == 2
     err = capsys.readouterr().err.strip()
     assert "gfx942 names several catalog GPUs: mi300x-192gb, mi325x-256gb" in err and "\n" not in err
+
+
+def test_help_lists_only_commands_that_run():
+    import importlib
+
+    from oomguard.cli import COMMANDS
+
+    r = oomguard("--help")
+    assert r.returncode == 0
+    for name, (module, _) in COMMANDS.items():
+        assert name in r.stdout
+        importlib.import_module(module)   # every listed command has its module
