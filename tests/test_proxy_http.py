@@ -450,3 +450,50 @@ def test_cli_config_refuses_remote_listen_without_keys() -> None:
     assert main(["proxy", "--upstream", "http://127.0.0.1:9", "--listen", "0.0.0.0:8001"]) == 2
     assert main(["proxy"]) == 2
     assert main(["proxy", "--upstream", "http://127.0.0.1:9", "--high-watermark", "0.7"]) == 2
+
+
+def test_trace_and_delete_are_refused_not_forwarded() -> None:
+    async def scenario():
+        engine = FakeEngine()
+        async with stack(engine) as (server, url, s):
+            for method in ("TRACE", "DELETE", "PUT"):
+                async with s.request(method, url + "/v1/models") as r:
+                    assert r.status == 405, method
+            async with s.get(url + "/v1/models") as r:
+                assert r.status == 200
+    run(scenario())
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--queue-timeout", "nan"], "--queue-timeout must be a number"),
+    (["--poll-interval", "inf"], "--poll-interval a number > 0"),
+    (["--max-tokens-cap", "-5"], "--max-tokens-cap must be at least 1"),
+    (["--max-retry-after", "-1"], "--max-retry-after must be at least 1"),
+    (["--high-watermark", "nan"], "watermarks need"),
+])
+def test_settings_that_would_break_every_request_are_refused(args, words):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "oomguard", "proxy", "--upstream", "http://127.0.0.1:9", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_upstream_urls_are_checked_and_a_password_is_never_echoed(tmp_path):
+    import subprocess
+    import sys
+
+    def proxy(*args):
+        return subprocess.run([sys.executable, "-m", "oomguard", "proxy", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    for bad in ("not a url", "http://h:99999", "ftp://h:21"):
+        r = proxy("--upstream", bad)
+        assert r.returncode == 2 and "--upstream" in r.stderr
+    r = proxy("--upstream", "http://admin:hunter2@127.0.0.1:8000")
+    assert r.returncode == 2 and "hunter2" not in r.stderr + r.stdout
+    empty = tmp_path / "keys"
+    empty.write_text("# no keys yet\n")
+    r = proxy("--upstream", "http://127.0.0.1:8000", "--api-key-file", str(empty))
+    assert r.returncode == 2 and "holds no key" in r.stderr   # an empty file never turns authentication off

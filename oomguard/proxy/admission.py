@@ -65,15 +65,18 @@ class Limits:
     drain_window: float = 30.0  # seconds of completions the drain rate looks at
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.low_watermark < self.high_watermark <= 1.0:
+        if not 0.0 < self.low_watermark < self.high_watermark <= 1.0:   # NaN fails here too
             raise ValueError(f"watermarks need 0 < low < high <= 1 "
                              f"(got low={self.low_watermark}, high={self.high_watermark})")
         if self.max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         if self.max_queue < 0:
             raise ValueError("max_queue must be 0 or more")
-        if self.queue_timeout < 0 or self.poll_interval <= 0:
-            raise ValueError("queue_timeout must be >= 0 and poll_interval > 0")
+        if not (math.isfinite(self.queue_timeout) and self.queue_timeout >= 0) or \
+                not (math.isfinite(self.poll_interval) and self.poll_interval > 0):
+            raise ValueError("--queue-timeout must be a number >= 0 and --poll-interval a number > 0")
+        if self.max_retry_after < 1:
+            raise ValueError("--max-retry-after must be at least 1 second")
 
     @property
     def stale_after(self) -> float:

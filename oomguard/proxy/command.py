@@ -119,7 +119,10 @@ def config_from_args(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
     keys = list(args.api_key)
     if args.api_key_file:
-        keys.extend(read_key_file(args.api_key_file))
+        from_file = read_key_file(args.api_key_file)
+        if not from_file:   # an empty file must not turn authentication off
+            raise UsageError(f"--api-key-file {args.api_key_file} holds no key: one key a line")
+        keys.extend(from_file)
     if any(not k for k in keys):
         raise UsageError("an API key cannot be empty")
     host, port = parse_listen(args.listen)
@@ -127,6 +130,8 @@ def config_from_args(args: argparse.Namespace):
     if not _is_loopback(host) and not keys and not args.allow_remote:
         raise UsageError(f"--listen {args.listen} is reachable from other machines: give --api-key/--api-key-file, "
                          "or --allow-remote to serve without keys")
+    if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+        raise UsageError(f"--max-tokens-cap must be at least 1 (got {args.max_tokens_cap})")
     if args.max_body_bytes < 1024:
         raise UsageError("--max-body-bytes must be at least 1024")
     workers = getattr(args, "workers", 1)

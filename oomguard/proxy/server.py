@@ -58,6 +58,10 @@ _DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "server", "date", "set-cookie"
 _FULL_READ_LIMIT = 4 << 20  # non-streaming answers up to this size are read whole, then sent at once
 
 
+# what the OpenAI-compatible routes take (vLLM, SGLang and llama-server serve GET and POST; OPTIONS for CORS)
+_FORWARDED_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
+
+
 @dataclass
 class ProxyConfig:
     upstreams: list[UpstreamAddress]
@@ -100,6 +104,9 @@ class ProxyServer:
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         path = scope.path  # percent-decoded by granian; only paths made of safe characters are forwarded
         if path == "/v1" or path.startswith("/v1/"):
+            if scope.method not in _FORWARDED_METHODS:   # TRACE echoes headers back; the OpenAI API reads and posts
+                self._error(405, f"{scope.method} is not allowed on {path}", "MethodNotAllowed").send(proto)
+                return
             await self.handle_v1(scope, proto)
         elif path == "/health":
             self.handle_health().send(proto)

@@ -37,14 +37,22 @@ def parse_upstream(url: str) -> UpstreamAddress:
     if "://" not in raw:
         raw = "http://" + raw
     parts = urlsplit(raw)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--upstream must be an http(s) URL like http://127.0.0.1:8000 (got {url!r})")
-    if parts.query or parts.fragment or parts.username:
-        raise UsageError(f"--upstream takes a plain base URL, without query, fragment or credentials (got {url!r})")
+    if parts.username or parts.password:   # never echoed: the error would print the password
+        raise UsageError("--upstream takes a plain base URL without credentials; give the engine's key with "
+                         "--upstream-api-key")
+    shown = url if len(url) <= 200 else url[:200] + "..."
+    try:
+        port = parts.port
+    except ValueError:
+        raise UsageError(f"--upstream has an invalid port (got {shown!r})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in raw):
+        raise UsageError(f"--upstream must be an http(s) URL like http://127.0.0.1:8000 (got {shown!r})")
+    if parts.query or parts.fragment:
+        raise UsageError(f"--upstream takes a plain base URL, without query or fragment (got {shown!r})")
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[:-3]
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = port or (443 if parts.scheme == "https" else 80)
     host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     return UpstreamAddress(name=f"{host}:{port}{path}", base=f"{parts.scheme}://{host}:{port}{path}")
 
