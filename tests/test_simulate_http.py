@@ -301,6 +301,9 @@ def test_cli_refuses_what_vllm_refuses():
     assert small.returncode == 1
     assert "To serve at least one request with the model's max seq len (4096)" in small.stderr
     assert _cli("m", "--num-gpu-blocks", "100", "--speed", "0").returncode == 2
+    for bad in (["--speed", "nan"], ["--speed", "inf"], ["--num-gpu-blocks", "10000000000000"]):
+        r = _cli("m", "--num-gpu-blocks", "100", *bad, "--port", "0") if bad[0] == "--speed" else _cli("m", *bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, bad   # refused at once, not run out of memory
 
 
 def test_block_count_comes_from_the_planner(vllm_simulator, tmp_path):

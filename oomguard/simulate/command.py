@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 DESCRIPTION = """Serve vLLM's OpenAI API from a simulated engine: the KV cache has the block count the planner
 predicts for MODEL on GPU with these vLLM flags (or --num-gpu-blocks), requests are batched and preempted by
@@ -15,6 +16,9 @@ examples:
   oomguard simulate my-model --num-gpu-blocks 300 --crash-on-kv-exhaustion --vllm-version 0.10.1
 """
 
+
+# 2^24 blocks of 16 tokens is 268M tokens of KV cache: beyond any GPU, and the simulator keeps a list per block
+MAX_GPU_BLOCKS = 1 << 24
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from oomguard.engines.vllm.flags import add_flags
@@ -58,10 +62,11 @@ def run(args: argparse.Namespace) -> int:
     from oomguard.simulate.server import SimEngine, build_app, print_lines
     from oomguard.units import cdiv
 
-    if args.speed <= 0:
-        raise UsageError("--speed must be positive")
-    if args.num_gpu_blocks is not None and args.num_gpu_blocks < 2:
-        raise UsageError("--num-gpu-blocks must be at least 2 (block 0 is the null block)")
+    if not (math.isfinite(args.speed) and args.speed > 0):
+        raise UsageError(f"--speed must be a positive number (got {args.speed})")
+    if args.num_gpu_blocks is not None and not 2 <= args.num_gpu_blocks <= MAX_GPU_BLOCKS:
+        raise UsageError(f"--num-gpu-blocks must be between 2 (block 0 is the null block) and {MAX_GPU_BLOCKS:,} "
+                         "(more than any GPU holds)")
     flags = flags_from_args(args)
     plan = plan_simulation(args.model, args.gpu, gpu_count=args.gpu_count, vllm_version=args.vllm_version,
                            flags=flags, model_config=args.model_config, num_gpu_blocks=args.num_gpu_blocks,
