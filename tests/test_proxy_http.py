@@ -497,3 +497,15 @@ def test_upstream_urls_are_checked_and_a_password_is_never_echoed(tmp_path):
     empty.write_text("# no keys yet\n")
     r = proxy("--upstream", "http://127.0.0.1:8000", "--api-key-file", str(empty))
     assert r.returncode == 2 and "holds no key" in r.stderr   # an empty file never turns authentication off
+
+
+def test_a_json_body_nested_100000_deep_is_a_400_not_a_crash() -> None:
+    async def scenario():
+        engine = FakeEngine()
+        async with stack(engine) as (server, url, s):
+            body = b"[" * 100_000 + b"]" * 100_000
+            async with s.post(url + "/v1/completions", data=body, headers={"content-type": "application/json"}) as r:
+                assert r.status == 400 and "nested too deeply" in (await r.json())["error"]["message"]
+            async with s.post(url + "/v1/completions", json=completion()) as r:
+                assert r.status == 200
+    run(scenario())

@@ -263,10 +263,11 @@ class ProxyServer:
         if guarded or (body and content_type == "application/json"):
             try:
                 payload = _loads(body) if body else None
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:   # a body nested deeper than the parser goes is malformed too
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
-                return self._error(400, f"Malformed JSON in the request body: {exc}", "BadRequestError").send(proto)
+                reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+                return self._error(400, f"Malformed JSON in the request body: {reason}", "BadRequestError").send(proto)
             if guarded and not isinstance(payload, dict):
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
