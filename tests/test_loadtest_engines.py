@@ -97,3 +97,15 @@ def test_simulator_that_dies_of_kv_exhaustion_mid_run(vllm_simulator, tmp_path, 
     assert rc == 1 and s["ended_because"] == "server_down" and s["held_s"] < 25  # ... and the tester said so
     assert s["requests"]["errors"] > 0 and "stopped answering" in rep["verdict"]
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_capacity_of_a_llama_server_is_its_slots(llama_server, tmp_path):
+    """llama-server has no KV gauge: its capacity shows in its busy slots and deferred requests. With 3 slots the
+    search must land on 3 concurrent (the waiting queue it keeps above that is not "held")."""
+    server = llama_server(ctx_size=3 * 512, parallel=3)
+    rc, rep = _run(tmp_path, server.url, "--find-capacity", "--concurrency", "1:8", "--duration", "2s",
+                   "--prompt-tokens", "32", "--output-tokens", "48", "--stop-when", "errors>0")
+    cap = rep["capacity"]["capacity"]
+    assert rep["engine"] == "llamacpp" and cap is not None and abs(cap - 3) <= 1, rep["verdict"]
+    broke = next(s for s in rep["stages"] if s["index"] == rep["capacity"]["broke_stage"])
+    assert not broke["held"] and any("waiting" in why for why in broke["not_held_because"]), broke
