@@ -168,22 +168,19 @@ def test_stale_metrics_fail_closed() -> None:
     assert c.observe("a", 0.1) == [t]
 
 
-def test_routing_prefers_headroom_kv_then_waiting_then_in_flight() -> None:
+def test_routing_prefers_headroom_kv_then_in_flight_and_skips_engines_that_queue() -> None:
     c, _ = make(("a", "b", "c"), kv_step=0.05)
     c.observe("a", 0.50, waiting=0)
-    c.observe("b", 0.20, waiting=5)
-    c.observe("c", 0.21, waiting=1)  # same 5% step as b, fewer waiting
+    c.observe("b", 0.20, waiting=5)   # the engine queues what it cannot run: nothing more goes there
+    c.observe("c", 0.21, waiting=0)
     t = Ticket()
     c.submit(t)
     assert t.upstream == "c"
-    c.observe("b", 0.22, waiting=1)  # now b and c tie on kv and waiting: fewer in flight wins
+    assert c.upstreams["b"].state(c.clock(), c.limits) == (State.PAUSED, "the engine has 5 requests waiting")
+    c.observe("b", 0.22, waiting=0)   # b's queue drained: b and c tie on kv, fewer in flight wins
     t2 = Ticket()
     c.submit(t2)
     assert t2.upstream == "b"
-    c.observe("a", 0.01)
-    t3 = Ticket()
-    c.submit(t3)
-    assert t3.upstream == "a"
 
 
 def test_paused_and_down_upstreams_are_skipped() -> None:
@@ -254,7 +251,7 @@ def test_priority_parse() -> None:
 
 def test_snapshot_shape() -> None:
     c, _ = make(("a",))
-    c.observe("a", 0.42, running=3, waiting=1)
+    c.observe("a", 0.42, running=3, waiting=0)
     snap = c.snapshot()
     assert snap["upstreams"]["a"]["state"] == "open" and snap["upstreams"]["a"]["kv_usage"] == 0.42
     assert snap["queue"] == {"high": 0, "normal": 0, "low": 0}

@@ -33,6 +33,7 @@ class FakeEngine:
         self.waiting = 0
         self.metrics_delay = 0.0  # seconds /metrics takes (to make metrics stale)
         self.metrics_status = 200
+        self.metrics_padding = 0  # bytes of comment lines added to /metrics (a page larger than any engine's)
         self.chunks = 3  # SSE chunks per streamed answer
         self.chunk_delay = 0.0
         self.hold: asyncio.Event | None = None  # when set to an Event, requests wait for it
@@ -96,6 +97,8 @@ class FakeEngine:
             "# HELP vllm:num_requests_waiting Waiting.\n# TYPE vllm:num_requests_waiting gauge\n"
             f'vllm:num_requests_waiting{{engine="0",model_name="{self.model}"}} {self.waiting}\n'
         )
+        if self.metrics_padding:
+            text = ("# " + "x" * 1000 + "\n") * (self.metrics_padding // 1003) + text
         return web.Response(text=text, status=self.metrics_status, content_type="text/plain")
 
     async def _health(self, request: web.Request) -> web.Response:

@@ -509,3 +509,21 @@ def test_a_json_body_nested_100000_deep_is_a_400_not_a_crash() -> None:
             async with s.post(url + "/v1/completions", json=completion()) as r:
                 assert r.status == 200
     run(scenario())
+
+
+def test_engine_with_its_own_waiting_queue_gets_nothing_more_and_a_huge_metrics_page_is_not_read() -> None:
+    async def scenario():
+        engine = FakeEngine()
+        async with stack(engine) as (server, url, s):
+            name = next(iter(server.controller.upstreams))
+            engine.waiting = 3   # the engine queues: the proxy holds new requests until it drains
+            await polled(server)
+            t = asyncio.create_task(s.post(url + "/v1/completions", json=completion()))
+            await wait_until(lambda: server.controller.queue_length() == 1)
+            engine.waiting = 0
+            r = await asyncio.wait_for(t, 10)
+            assert r.status == 200
+            engine.metrics_padding = 20 << 20   # 20 MiB: refused after 16, not held in memory
+            await polled(server, 3)
+            assert "larger than 16 MiB" in server.controller.upstreams[name].down_reason
+    run(scenario())

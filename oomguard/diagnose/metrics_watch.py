@@ -14,7 +14,7 @@ import time
 
 from oomguard.diagnose.model import Diagnosis, Finding, Fix
 from oomguard.errors import UsageError
-from oomguard.metrics import EngineSample, MetricsParseError, parse_metrics
+from oomguard.metrics import EngineSample, MetricsParseError, parse_metrics, read_page
 
 KV_PRESSURE = 0.90
 LOW_HIT_RATE = 0.30
@@ -34,7 +34,10 @@ async def _fetch(url: str, timeout: float) -> str:
                 if response.status != 200:
                     raise UsageError(f"{url} answered HTTP {response.status}; point --metrics at the server's "
                                      "/metrics page (vLLM: http://HOST:8000/metrics; llama-server needs --metrics)")
-                return await response.text(errors="replace")
+                try:
+                    return await read_page(response)
+                except MetricsParseError as exc:
+                    raise UsageError(f"{url}: {exc}") from None
     except UsageError:
         raise
     except asyncio.TimeoutError:

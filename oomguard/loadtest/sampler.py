@@ -13,7 +13,7 @@ from typing import Callable
 
 import aiohttp
 
-from oomguard.metrics import EngineSample, MetricsParseError, parse_metrics
+from oomguard.metrics import EngineSample, MetricsParseError, parse_metrics, read_page
 
 
 @dataclass(slots=True)
@@ -96,7 +96,10 @@ class MetricsSampler:
                     self.problem = f"{self.url} answered HTTP {resp.status}" + (
                         " (llama-server needs --metrics)" if resp.status in (404, 501) else "")
                     return None
-                text = (await resp.read()).decode("utf-8", "replace")
+                text = await read_page(resp)
+        except MetricsParseError as exc:
+            self.problem = f"{self.url}: {exc}"
+            return None
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.problem = f"cannot read {self.url}: {type(exc).__name__}"
             return None

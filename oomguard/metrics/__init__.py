@@ -58,6 +58,21 @@ class MetricsParseError(ValueError):
     """The text is not a Prometheus exposition page."""
 
 
+MAX_PAGE_BYTES = 16 << 20   # an engine's /metrics is a few hundred KiB; more than this is not read
+
+
+async def read_page(response, limit: int = MAX_PAGE_BYTES) -> str:
+    """An HTTP response's body as text (an aiohttp ClientResponse), refused once it passes `limit` bytes: a huge or
+    endless page never sits whole in memory."""
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise MetricsParseError(f"the page is larger than {limit >> 20} MiB: not an engine's metrics")
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
 def detect_engine(names: set[str] | dict[str, float]) -> str:
     for engine, table in ENGINES.items():
         if any(name.startswith(table.PREFIX) for name in names):

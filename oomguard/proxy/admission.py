@@ -1,7 +1,8 @@
 """Admission control for `oomguard proxy`: a pure core (no I/O, no asyncio, an injectable clock).
 
 The rule: stop sending new requests to an engine when its KV cache usage reaches the
-high watermark (0.90) and resume only when it falls below the low watermark (0.80). Around that:
+high watermark (0.90) and resume only when it falls below the low watermark (0.80), and while the engine itself
+has requests waiting (vLLM's waiting queue, llama-server's deferred requests: it runs no more at once). Around that:
 
 * a bounded queue with three priority classes (FIFO within a class, strict priority between classes);
 * per-upstream caps on requests in flight and, optionally, on prompt tokens in flight;
@@ -108,6 +109,10 @@ class Upstream:
             return State.PAUSED, "metrics stale"
         if self.paused:
             return State.PAUSED, f"kv usage {_pct(self.kv_usage)} above the watermark"
+        if self.waiting is not None and self.waiting >= 1:
+            # the engine queues what it cannot run (vLLM's waiting, llama-server's deferred): more would only queue
+            # there, out of the proxy's priorities and timeouts, and a full KV cache preempts
+            return State.PAUSED, f"the engine has {self.waiting:.0f} requests waiting"
         return State.OPEN, ""
 
 

@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from oomguard.errors import UsageError
-from oomguard.metrics import MetricsParseError, parse_metrics
+from oomguard.metrics import MetricsParseError, parse_metrics, read_page
 
-from .admission import AdmissionController, Ticket
+from .admission import AdmissionController, State, Ticket
 
 log = logging.getLogger("oomguard.proxy")
 
@@ -125,7 +125,7 @@ class Poller:
                     elif resp.status != 200:
                         raise _PollError(f"/metrics answered HTTP {resp.status}")
                     else:
-                        text = await resp.text()
+                        text = await read_page(resp)
                         self.has_metrics = True
             if self.has_metrics is False:
                 async with self.session.get(self.address.base + "/health", headers=self.headers,
@@ -142,8 +142,16 @@ class Poller:
                 if kv is None:
                     self._warn_once("nokv", "%s (%s) exports no KV cache usage: the watermarks cannot apply to it; "
                                     "admitting by the in-flight cap only", name, sample.engine)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, MetricsParseError,
-                _PollError) as exc:
+        except asyncio.TimeoutError:
+            if not was_down:   # a slow /metrics page is a busy engine, not a dead one: its metrics go stale, and
+                # stale metrics pause it (queue) while requests already sent keep flowing
+                self._warn_once("slow", "%s answered /metrics too slowly: counted as saturated until it answers",
+                                name)
+                return
+            self.controller.mark_down(name, "timed out")
+            self.models_at = None
+            return
+        except (aiohttp.ClientError, OSError, ValueError, MetricsParseError, _PollError) as exc:
             reason = _reason(exc)
             if not was_down:
                 log.warning("upstream %s is down: %s", name, reason)
@@ -155,7 +163,13 @@ class Poller:
                      self.controller.upstreams[name].max_model_len)
             if self.on_recover is not None:
                 self.on_recover(name)
+        up = self.controller.upstreams[name]
+        before = up.state(self.controller.clock(), self.controller.limits)
         self.wake(self.controller.observe(name, kv, running, waiting))
+        after = up.state(self.controller.clock(), self.controller.limits)
+        if before[0] is not after[0] and not was_down:   # pause and resume, logged as they happen
+            log.info("upstream %s %s%s", name, "resumed" if after[0] is State.OPEN else "paused",
+                     f": {after[1]}" if after[1] else f" (was: {before[1]})")
 
     async def _learn_models(self, timeout: aiohttp.ClientTimeout) -> None:
         """Model ids and the context length from /v1/models (vLLM: max_model_len; llama.cpp: meta.n_ctx,
