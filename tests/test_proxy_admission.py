@@ -256,3 +256,29 @@ def test_snapshot_shape() -> None:
     assert snap["upstreams"]["a"]["state"] == "open" and snap["upstreams"]["a"]["kv_usage"] == 0.42
     assert snap["queue"] == {"high": 0, "normal": 0, "low": 0}
     assert snap["limits"]["high_watermark"] == 0.90 and snap["limits"]["low_watermark"] == 0.80
+
+
+def test_no_more_is_admitted_than_the_engines_kv_cache_holds_at_its_longest() -> None:
+    """vLLM preempts only when a running request finds no free block: requests whose prompt + max_tokens fit the
+    engine's blocks together never make it preempt."""
+    c, _ = make(("a",))
+    c.observe("a", 0.1, running=0, waiting=0)
+    c.set_kv_capacity("a", 39 * 16, 16)   # cache_config_info: 40 blocks of 16 tokens, block 0 the null block
+    tickets = [Ticket(kv_tokens=200) for _ in range(4)]   # 200 tokens: 13 blocks each
+    for t in tickets:
+        c.submit(t)
+    assert [t.upstream for t in tickets] == ["a", "a", "a", None]   # 3 x 13 = 39 blocks
+    assert c.release(tickets[0]) == [tickets[3]]
+    big = Ticket(kv_tokens=5000)   # alone it always goes (the engine judges it); not beside others
+    c.submit(big)
+    assert big.upstream is None
+
+
+def test_prompt_estimate_learns_the_engines_count() -> None:
+    from oomguard.proxy.tokens import PromptRatio
+
+    ratio = PromptRatio()
+    assert ratio.estimate(50) == 100   # about 4 bytes a token before any answer
+    for _ in range(30):
+        ratio.observe(50, 75)          # the engine reports 75 tokens for 400 bytes
+    assert 74 <= ratio.estimate(50) <= 76

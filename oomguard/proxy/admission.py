@@ -98,6 +98,12 @@ class Upstream:
     down_reason: str = "not polled yet"
     in_flight: int = 0
     prompt_tokens_in_flight: int = 0
+    # the engine's KV cache in tokens (vLLM's cache_config_info: (blocks - 1) x block size; block 0 is the null
+    # block) and what the requests sent to it may hold at their longest: admitting no more than fits means the
+    # engine never has to preempt (v1/core/sched/scheduler.py preempts only when a running request finds no block)
+    kv_capacity_tokens: int | None = None
+    block_size: int = 1
+    kv_tokens_in_flight: int = 0
     models: frozenset[str] | None = None  # model ids from /v1/models; None = unknown
     max_model_len: int | None = None
     admitted_total: int = 0
@@ -122,6 +128,7 @@ class Ticket:
 
     priority: Priority = Priority.NORMAL
     prompt_tokens: int = 0
+    kv_tokens: int = 0   # what the request may hold in the KV cache at its longest: prompt + max_tokens
     model: str | None = None
     enqueued_at: float = 0.0
     deadline: float = math.inf
@@ -182,6 +189,11 @@ class AdmissionController:
         """`name` could not be reached (scrape failed, connection refused or dropped)."""
         up = self.upstreams[name]
         up.down, up.down_reason = True, reason or "unreachable"
+
+    def set_kv_capacity(self, name: str, tokens: int | None, block_size: int) -> None:
+        """The engine's KV cache in tokens, as its metrics state it (None: not stated)."""
+        up = self.upstreams[name]
+        up.kv_capacity_tokens, up.block_size = tokens, max(1, block_size)
 
     def set_models(self, name: str, models: Iterable[str] | None, max_model_len: int | None) -> None:
         up = self.upstreams[name]
@@ -335,6 +347,7 @@ class AdmissionController:
                 "state": state.value, "reason": reason, "kv_usage": up.kv_usage, "running": up.running,
                 "waiting": up.waiting, "in_flight": up.in_flight,
                 "prompt_tokens_in_flight": up.prompt_tokens_in_flight,
+                "kv_tokens_in_flight": up.kv_tokens_in_flight, "kv_capacity_tokens": up.kv_capacity_tokens,
                 "metrics_age_s": None if up.metrics_at is None else round(now - up.metrics_at, 3),
                 "max_model_len": up.max_model_len, "models": sorted(up.models) if up.models else None,
                 "admitted_total": up.admitted_total,
@@ -367,6 +380,9 @@ class AdmissionController:
             cap = limits.max_prompt_tokens_in_flight
             if cap is not None and up.in_flight > 0 and up.prompt_tokens_in_flight + ticket.prompt_tokens > cap:
                 continue
+            if up.kv_capacity_tokens and up.in_flight > 0 and \
+                    up.kv_tokens_in_flight + self._blocks(ticket, up) > up.kv_capacity_tokens:
+                continue   # it could run out of blocks and preempt; the one request alone always goes
             kv = up.kv_usage or 0.0
             key = (math.floor(kv / limits.kv_step + 1e-9) if limits.kv_step > 0 else kv,
                    up.waiting or 0.0, up.in_flight)
@@ -379,12 +395,19 @@ class AdmissionController:
         ticket.released = False
         up.in_flight += 1
         up.prompt_tokens_in_flight += ticket.prompt_tokens
+        up.kv_tokens_in_flight += self._blocks(ticket, up)
         up.admitted_total += 1
 
     def _unassign(self, ticket: Ticket) -> None:
         up = self.upstreams[ticket.upstream]
         up.in_flight = max(0, up.in_flight - 1)
         up.prompt_tokens_in_flight = max(0, up.prompt_tokens_in_flight - ticket.prompt_tokens)
+        up.kv_tokens_in_flight = max(0, up.kv_tokens_in_flight - self._blocks(ticket, up))
+
+    @staticmethod
+    def _blocks(ticket: Ticket, up: Upstream) -> int:
+        """The request's KV tokens in whole blocks, as the engine allocates them."""
+        return -(-ticket.kv_tokens // up.block_size) * up.block_size
 
     def _lowest_below(self, priority: Priority) -> Ticket | None:
         """The newest ticket of the lowest class strictly below `priority`, to make room for a higher one."""

@@ -23,7 +23,7 @@ import aiohttp
 from .client import UpstreamBroken, UpstreamClient, UpstreamUnavailable, iter_body, read_body
 from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
 from .metrics import ProxyMetrics
-from .tokens import TokenCounter, context_error, load_counter, requested_max_tokens
+from .tokens import PromptRatio, TokenCounter, context_error, load_counter, requested_max_tokens
 from .upstreams import Poller, UpstreamAddress
 from .workers import WorkerInfo, gather_siblings, merge_metrics, merge_status
 
@@ -56,6 +56,8 @@ _DROP_REQUEST = _HOP_BY_HOP | {"host", "authorization", "content-length", "x-pri
                                "cookie", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"}
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "server", "date", "set-cookie"}
 _FULL_READ_LIMIT = 4 << 20  # non-streaming answers up to this size are read whole, then sent at once
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_TAIL = 4096   # the bytes of a streamed answer kept for its usage (the last events)
 
 
 # what the OpenAI-compatible routes take (vLLM, SGLang and llama-server serve GET and POST; OPTIONS for CORS)
@@ -86,6 +88,7 @@ class ProxyServer:
         self.config = config
         self._find_counter = counter is None  # look for the tokenizer once the served models are known
         self.counter = counter or TokenCounter(source="not loaded yet")
+        self.prompt_ratio = PromptRatio()   # learnt from the engines' usage.prompt_tokens
         self.worker = worker if worker is not None and worker.count > 1 else None
         self.addresses = {u.name: u for u in config.upstreams}
         self.controller = AdmissionController(self.addresses, config.limits, clock=time.monotonic)
@@ -286,7 +289,8 @@ class ProxyServer:
                     return rejected.send(proto)
 
         # ---- admission
-        ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model)
+        ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model,
+                        kv_tokens=self._kv_tokens(payload, prompt_tokens) if guarded else 0)
         decision = self.controller.submit(ticket)
         self._wake(decision.dispatched)
         for victim, rejection in decision.evicted:
@@ -354,6 +358,18 @@ class ProxyServer:
             return result
         return None
 
+    def _kv_tokens(self, payload: Any, prompt_tokens: int) -> int:
+        """What the request may hold in the KV cache at its longest: its prompt (the tokenizer's count, or about 4
+        bytes a token where only the 8-byte lower bound is known) and its max_tokens (the context when unset)."""
+        if not isinstance(payload, dict):
+            return 0
+        prompt = prompt_tokens if self.counter.exact else self.prompt_ratio.estimate(prompt_tokens)
+        limit = self.controller.max_model_len()
+        out = requested_max_tokens(payload)
+        if out is None:
+            return limit or prompt
+        return min(prompt + max(0, out), limit) if limit else prompt + max(0, out)
+
     def _check_length(self, path: str, payload: dict, body: bytes, info: dict) -> tuple[Reply | None, bytes, int]:
         counted = self.counter.count_prompt(payload, path)
         n = counted or 0
@@ -409,9 +425,11 @@ class ProxyServer:
                     return self._error(502, f"The upstream engine failed while answering: {exc}",
                                        "BadGatewayError").send(proto)
                 finished = True
+                self._learn_prompt_tokens(ticket, data)
                 proto.response_bytes(resp.status, out_headers, data)
                 return resp.status
-            await self._stream(proto, resp, out_headers, is_sse, name, info)
+            tail = await self._stream(proto, resp, out_headers, is_sse, name, info)
+            self._learn_prompt_tokens(ticket, tail)
             finished = info.get("reason") != "upstream_died"
             return resp.status
         finally:
@@ -420,13 +438,22 @@ class ProxyServer:
             else:
                 resp.close()  # unfinished (client left, upstream failed): the engine sees the disconnect
 
+    def _learn_prompt_tokens(self, ticket: Ticket, data: bytes) -> None:
+        """The engine's own prompt count (`"prompt_tokens": N` in the usage of the answer's last bytes)."""
+        if self.counter.exact or ticket.prompt_tokens <= 0 or b'"prompt_tokens"' not in data:
+            return
+        found = _PROMPT_TOKENS.search(data)
+        if found:
+            self.prompt_ratio.observe(ticket.prompt_tokens, int(found.group(1)))
+
     async def _stream(self, proto: Any, resp: aiohttp.ClientResponse, out_headers: list, is_sse: bool,
-                      name: str, info: dict) -> None:
+                      name: str, info: dict) -> bytes:
+        """Forward the body as it comes; returns its last bytes (where an SSE stream's usage is)."""
         if is_sse:
             out_headers = [(k, v) for k, v in out_headers if k.lower() != "cache-control"]
             out_headers += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
         transport = proto.response_stream(resp.status, out_headers)
-        pending = b""
+        pending = last = b""
         sent = 0
         try:
             async for chunk in iter_body(resp):
@@ -441,9 +468,11 @@ class ProxyServer:
                     chunk = buf[:cut]
                 await _send(transport, chunk)
                 sent += len(chunk)
+                last = chunk if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
             if pending:
                 await _send(transport, pending)
                 sent += len(pending)
+                last = (last + pending)[-_TAIL:]
         except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "mid_stream").inc()
             self.pollers[name].kick()
@@ -456,6 +485,7 @@ class ProxyServer:
             # a plain body cannot carry an error once started: it ends short, and the client's JSON parser
             # or length check sees it (granian offers no abortive close)
         info["bytes"] = sent
+        return last
 
     async def _forward_unguarded(self, scope: Any, proto: Any, target: str, info: dict) -> int:
         """GET /v1/models and the like: no admission, to the first reachable upstream."""

@@ -163,3 +163,21 @@ def context_error(n_prompt: int, max_tokens: int | None, max_model_len: int, exa
                 f"{q}{n_prompt + m} tokens. Please reduce the length of the input prompt or the number of "
                 f"requested output tokens.")
     return None
+
+
+class PromptRatio:
+    """Prompt tokens per lower-bound unit (one token per BYTES_PER_TOKEN_MAX bytes), learnt from the engines'
+    own `usage.prompt_tokens`: admission needs a central estimate where the rejection rule needs a lower bound.
+    Starts at about 4 bytes a token (English text); a moving average of what the engines report after that."""
+
+    def __init__(self, start: float = 2.0, weight: float = 0.2) -> None:
+        self.ratio, self.weight = start, weight
+
+    def estimate(self, lower_bound: int) -> int:
+        return math.ceil(lower_bound * self.ratio)
+
+    def observe(self, lower_bound: int, actual: int) -> None:
+        if lower_bound > 0 and actual > 0:
+            seen = min(float(BYTES_PER_TOKEN_MAX), max(1.0, actual / lower_bound))
+            self.ratio += self.weight * (seen - self.ratio)
+

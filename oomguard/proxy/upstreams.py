@@ -139,6 +139,9 @@ class Poller:
                 self.engine = sample.engine
                 kv = kv_usage_of(sample, self.kv_capacity_tokens)
                 running, waiting = sample.running, sample.waiting
+                blocks, size = sample.cache_config.get("num_gpu_blocks"), sample.cache_config.get("block_size")
+                if blocks and size and blocks.isdigit() and size.isdigit() and int(blocks) > 1:
+                    self.controller.set_kv_capacity(name, (int(blocks) - 1) * int(size), int(size))
                 if kv is None:
                     self._warn_once("nokv", "%s (%s) exports no KV cache usage: the watermarks cannot apply to it; "
                                     "admitting by the in-flight cap only", name, sample.engine)
