@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from oomguard.failures import FailureClass, Fix, Hits, fill
+from oomguard.failures import FailureClass, Fix, Hits
 
 DEFAULT_UTILIZATION = 0.9   # vLLM's default when the log does not say its version (0.92 from 0.20)
 SAFETY_GIB = 0.5            # kept free below another process's memory when sizing gpu_memory_utilization
@@ -288,7 +288,7 @@ def tensor_parallel(n: dict, facts: dict, hits: Hits | None = None, why: str = "
         heads = math.gcd(*seen)
     gpus = first_number(facts.get("gpu_count"))
     fixes: list[Fix] = []
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     if heads:
         shown = "/".join(map(str, sorted(seen))) if len(seen) > 1 else str(int(heads))
         sizes = tp_candidates(int(heads), int(gpus) if gpus else None, int(tp) if tp else None)
@@ -315,8 +315,7 @@ def tensor_parallel(n: dict, facts: dict, hits: Hits | None = None, why: str = "
         fixes.append(Fix("expert parallelism splits experts instead", "--enable-expert-parallel", True))
     fixes.append(Fix("a smaller power of two usually divides every dimension", "--tensor-parallel-size",
                      max(1, int(tp) // 2) if tp and tp > 1 else 2))
-    cause = hits.best.cause if hits and hits.best else "The tensor-parallel layout does not fit the model or the GPUs."
-    return fill(cause, n), fixes
+    return _cause(hits, n, "The tensor-parallel layout does not fit the model or the GPUs."), fixes
 
 
 def context(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
@@ -357,7 +356,7 @@ def context(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tu
 
 
 def chat_template(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if ids & {"tok.enum", "tok.class"}:
         fixes.append(Fix("tokenizer.json / tokenizer_config.json need a newer tokenizers/transformers",
@@ -377,12 +376,11 @@ def chat_template(n: dict, facts: dict, hits: Hits | None = None, why: str = "")
                      "./template.jinja"))
     fixes.append(Fix("a fine-tune that lost its tokenizer files can use the base model's", "--tokenizer",
                      "<base model id>"))
-    cause = hits.best.cause if hits and hits.best else "The tokenizer or chat template failed."
-    return cause, fixes
+    return _cause(hits, n, "The tokenizer or chat template failed."), fixes
 
 
 def connection(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if "http.wrong_path" in ids:
         fixes.append(Fix("vLLM's OpenAI routes live under /v1", action="set base_url to http://HOST:PORT/v1"))
@@ -401,12 +399,11 @@ def connection(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
     if ids & {"httpx.read_timeout", "openai.timeout", "http.504"}:
         fixes.append(Fix("long generations outlast default client timeouts", action="raise the client timeout "
                                                                                      "(e.g. OpenAI(timeout=600))"))
-    cause = hits.best.cause if hits and hits.best else "The client could not reach the server."
-    return fill(cause, n), fixes
+    return _cause(hits, n, "The client could not reach the server."), fixes
 
 
 def dtype(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if ids & {"vllm.bf16_cc", "bf16.generic", "vllm.fa_ampere", "triton.arch"} or cc_below_8(facts) or \
             ("compute_capability" in n and below_8(n["compute_capability"])):
@@ -417,8 +414,7 @@ def dtype(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tupl
                                 "torch; print(torch.cuda.get_arch_list())\"`)"))
     if not fixes:
         fixes.append(Fix("float16 runs on every CUDA GPU vLLM supports", "--dtype", "half"))
-    cause = hits.best.cause if hits and hits.best else "The GPU does not support this data type."
-    return fill(cause, n), fixes
+    return _cause(hits, n, "The GPU does not support this data type."), fixes
 
 
 def below_8(value) -> bool:
@@ -430,7 +426,7 @@ def below_8(value) -> bool:
 
 
 def quantization(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if "vllm.quant_capability" in ids:   # the kernels, not the dtype: another checkpoint is the fix
         need = n.get("required_capability")
@@ -455,12 +451,11 @@ def quantization(n: dict, facts: dict, hits: Hits | None = None, why: str = "") 
     fixes.append(Fix("a checkpoint made for vLLM avoids loader mismatches",
                      action="use a checkpoint quantized with a method vLLM supports (AWQ, GPTQ, FP8, "
                             "compressed-tensors)"))
-    cause = hits.best.cause if hits and hits.best else "The quantization settings do not match the checkpoint."
-    return fill(cause, n), fixes
+    return _cause(hits, n, "The quantization settings do not match the checkpoint."), fixes
 
 
 def nccl(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if ids & {"nccl.shm", "nccl.shm_dev", "bus.error"}:
         fixes.append(Fix("NCCL needs shared memory between the GPU processes; Docker's default /dev/shm is 64 MB",
@@ -473,12 +468,11 @@ def nccl(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple
     if "torch.socket_listen" in ids or "nccl.socket" in ids:
         fixes.append(Fix("the ranks rendezvous over a socket", action="free the port or pick the right interface "
                                                                        "with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME"))
-    cause = hits.best.cause if hits and hits.best else "Communication between the GPUs (NCCL) failed."
-    return cause, fixes
+    return _cause(hits, n, "Communication between the GPUs (NCCL) failed."), fixes
 
 
 def model_access(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     gated = bool(ids & {"hf.gated", "hf.gated_text", "hf.restricted", "hf.restricted_b", "hf.auth", "hf.401",
                         "hf.403", "hf.invalid_token", "hf.token_hint"})
@@ -498,12 +492,11 @@ def model_access(n: dict, facts: dict, hits: Hits | None = None, why: str = "") 
     if "llamacpp.gguf_bounds" in ids:
         fixes.append(Fix("the file is shorter than its header says", action="download the GGUF again and check "
                                                                             "its checksum"))
-    cause = hits.best.cause if hits and hits.best else "The model could not be fetched or read."
-    return cause, fixes
+    return _cause(hits, n, "The model could not be fetched or read."), fixes
 
 
 def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
-    ids = set(hits.signatures) if hits else set()
+    ids = _signature_ids(hits)
     fixes: list[Fix] = []
     if ids & {"torch.dynamo", "torch.backend_compiler", "torch.inductor", "triton.compile"}:
         fixes.append(Fix("skips torch.compile and CUDA graphs, where the failure is", "--enforce-eager", True))
@@ -514,10 +507,19 @@ def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
     fixes.append(Fix("maintainers need the full log", action="search/report it on the engine's issue tracker "
                                                              "with this log"))
     if hits and hits.best and hits.best.kind != "bug":   # a release too old for the model: no defect to report
-        return fill(hits.best.cause, n), [Fix("a newer release implements it", action="upgrade the engine"
+        return hits.best.describe(n), [Fix("a newer release implements it", action="upgrade the engine"
                                               + (f" (running vLLM {version})" if version else ""))]
-    cause = hits.best.cause if hits and hits.best else "The engine hit an internal error."
-    return cause + " This is the engine's bug, not your configuration.", fixes
+    return _cause(hits, n, "The engine hit an internal error.") + " This is the engine's bug, not your " \
+                                                                  "configuration.", fixes
+
+
+def _signature_ids(hits: Hits | None) -> set[str]:
+    return set(hits.signatures) if hits else set()
+
+
+def _cause(hits: Hits | None, n: dict, default: str) -> str:
+    """The surest message's cause with the numbers read filled in, or `default`."""
+    return hits.best.describe(n) if hits and hits.best else default
 
 
 BUILDERS = {
