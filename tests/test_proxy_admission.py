@@ -282,3 +282,16 @@ def test_prompt_estimate_learns_the_engines_count() -> None:
     for _ in range(30):
         ratio.observe(50, 75)          # the engine reports 75 tokens for 400 bytes
     assert 74 <= ratio.estimate(50) <= 76
+
+
+def test_a_rejection_names_what_holds_each_engine() -> None:
+    c, _ = make(("a", "b"), max_queue=1, max_in_flight=1)
+    c.observe("a", 0.95, waiting=0)            # paused: KV above the watermark
+    c.observe("b", 0.10, waiting=0)
+    first, second, third = Ticket(), Ticket(), Ticket()
+    c.submit(first)                            # b takes it: b is now at its in-flight cap
+    c.submit(second)                           # queued
+    decision = c.submit(third)
+    assert decision.outcome == "rejected"
+    message = decision.rejection.message
+    assert "a: kv usage 95% above the watermark" in message and "b: at the proxy's in-flight cap (1)" in message

@@ -420,12 +420,28 @@ class AdmissionController:
 
     def _rejection(self, status: int, reason: str, ahead: int) -> Rejection:
         retry = self.retry_after(ahead)
+        why = self._why_held()
         messages = {
-            "queue_full": "The proxy's queue is full (the engine's KV cache is under pressure); retry later.",
-            "queue_timeout": "The request waited in the proxy's queue past its timeout; retry later.",
+            "queue_full": f"The proxy's queue is full ({why}); retry later.",
+            "queue_timeout": f"The request waited in the proxy's queue past its timeout ({why}); retry later.",
             "evicted": "The request was displaced from the full queue by a higher-priority one; retry later.",
         }
         return Rejection(status, reason, retry, messages.get(reason, "Retry later."))
+
+    def _why_held(self) -> str:
+        """What keeps each upstream from taking more, in the words of the rule that holds it."""
+        now, parts = self.clock(), []
+        for up in self.upstreams.values():
+            state, reason = up.state(now, self.limits)
+            if state is not State.OPEN:
+                parts.append(f"{up.name}: {reason}")
+            elif up.in_flight >= self.limits.max_in_flight:
+                parts.append(f"{up.name}: at the proxy's in-flight cap ({self.limits.max_in_flight})")
+            elif up.kv_capacity_tokens and up.in_flight:
+                parts.append(f"{up.name}: its KV cache is promised to the {up.in_flight} requests in flight")
+            else:
+                parts.append(f"{up.name}: open")
+        return "; ".join(parts)
 
 
 def _serves(up: Upstream, model: str | None) -> bool:
