@@ -527,3 +527,17 @@ def test_engine_with_its_own_waiting_queue_gets_nothing_more_and_a_huge_metrics_
             await polled(server, 3)
             assert "larger than 16 MiB" in server.controller.upstreams[name].down_reason
     run(scenario())
+
+
+def test_a_silent_upstream_stream_is_closed_after_the_idle_timeout() -> None:
+    async def scenario():
+        engine = FakeEngine()
+        engine.chunk_delay = 30.0   # one event, then silence
+        async with stack(engine, read_timeout=1.0) as (server, url, s):
+            start = time.monotonic()
+            async with s.post(url + "/v1/completions", json=completion(stream=True)) as r:
+                body = await asyncio.wait_for(r.read(), 10)
+            assert time.monotonic() - start < 8
+            assert b"failed mid-stream" in body and body.rstrip().endswith(b"data: [DONE]")
+            assert server.controller.upstreams[next(iter(server.controller.upstreams))].in_flight == 0
+    run(scenario())

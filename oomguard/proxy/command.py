@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import ipaddress
+import math
 import logging
 import os
 import signal
@@ -56,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between /metrics scrapes of each upstream (default 0.5); metrics older than "
                         "three intervals count as saturated")
     g.add_argument("--max-retry-after", type=int, default=60, help="largest Retry-After in seconds (default 60)")
+    g.add_argument("--upstream-idle-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="close an upstream response that sends nothing for this long (default 120: a prefill of "
+                        "a long prompt under load; a hung engine frees the request's slot after it)")
     g = p.add_argument_group("request checks")
     g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default 8 MiB)")
     g.add_argument("--max-tokens-cap", type=int, default=None,
@@ -130,6 +134,8 @@ def config_from_args(args: argparse.Namespace):
     if not _is_loopback(host) and not keys and not args.allow_remote:
         raise UsageError(f"--listen {args.listen} is reachable from other machines: give --api-key/--api-key-file, "
                          "or --allow-remote to serve without keys")
+    if not (math.isfinite(args.upstream_idle_timeout) and args.upstream_idle_timeout >= 1):
+        raise UsageError(f"--upstream-idle-timeout must be at least 1 second (got {args.upstream_idle_timeout})")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise UsageError(f"--max-tokens-cap must be at least 1 (got {args.max_tokens_cap})")
     if args.max_body_bytes < 1024:
@@ -148,7 +154,8 @@ def config_from_args(args: argparse.Namespace):
     config = ProxyConfig(upstreams=upstreams, limits=limits, api_keys=tuple(keys),
                          upstream_api_key=args.upstream_api_key or os.environ.get("OOMGUARD_UPSTREAM_API_KEY"),
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
-                         access_log=not args.no_access_log, tokenizer=args.tokenizer)
+                         access_log=not args.no_access_log, tokenizer=args.tokenizer,
+                         read_timeout=args.upstream_idle_timeout)
     return config, (host, port)
 
 
