@@ -422,3 +422,15 @@ def test_workloads_from_files_peak_and_goodput(upstream, tmp_path):
     assert 4096 - 96 - 16 - 8 <= s["tokens"]["mean_prompt"] <= 4096 - 96
     assert any("peak prompt" in n for n in rep["notes"])
     assert s["requests"]["goodput"] == 0 < s["requests"]["ok"]  # nobody finishes a request in 1 ms
+
+
+def test_an_output_that_cannot_be_written_loses_no_result(upstream, capsys):
+    """A path that fails only when written (here /proc, which refuses new files even to root): exit 2, one line,
+    and the report saved where the line says."""
+    url = upstream()
+    rc = main(["loadtest", url, "--concurrency", "1", "--duration", "1s", "--output-tokens", "4",
+               "--json", "/proc/oomguard-report.json", "--progress", "off"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the report is in" in err and "Traceback" not in err
+    saved = err.split("the report is in ", 1)[1].split()[0]
+    assert json.loads(open(saved).read())["stages"][0]["requests"]["ok"] >= 1

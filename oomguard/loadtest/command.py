@@ -203,6 +203,23 @@ def _check_writable(path: str, flag: str) -> None:
         raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a directory")
+    if not os.access(path if os.path.exists(path) else folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: not writable here (permission denied); pick another path")
+
+
+def _write(path: str, text: str, flag: str, report: dict) -> None:
+    """Write an output the run produced; if the path failed since the start, the report goes to a file of its own,
+    never lost."""
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="oomguard-loadtest-", delete=False,
+                                         encoding="utf-8") as fh:
+            fh.write(json.dumps(report, indent=1, allow_nan=False) + "\n")
+        raise UsageError(f"{flag} {path}: {exc.strerror or exc}; the report is in {fh.name}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -429,13 +446,11 @@ def _emit(plan: Plan, report: dict) -> int:
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                fh.write(text + "\n")
+            _write(args.json, text + "\n", "--json", report)
     if args.html:
         from oomguard.loadtest.html import render_html
 
-        with open(args.html, "w", encoding="utf-8") as fh:
-            fh.write(render_html(report))
+        _write(args.html, render_html(report), "--html", report)
     if args.json != "-":
         from oomguard.loadtest.report import render_table
 
