@@ -319,3 +319,13 @@ def test_shared_capacity_fixes_are_printed_once(server, capsys):
     _, out, _ = diagnose(["--metrics", server.url("/vllm")], capsys)
     seen = [json.dumps(f, sort_keys=True) for finding in out["findings"] for f in finding["fixes"]]
     assert len(seen) == len(set(seen)) and len(out["findings"]) >= 2
+
+
+def test_a_server_that_dies_mid_watch_keeps_what_was_seen(capsys):
+    s = Server({"/metrics": [vllm_page(kv=0.97, waiting=12)]})
+    url = s.url("/metrics")
+    import threading
+    threading.Timer(0.5, s.close).start()
+    code, data, err = diagnose(["--metrics", url, "--watch", "3", "--interval", "0.2"], capsys)
+    classes = [f["class"] for f in data["findings"]]
+    assert code == 1 and "server_stopped" in classes and "kv_pressure" in classes, (classes, err)

@@ -77,8 +77,9 @@ def scrape(url: str, timeout: float = 10.0) -> EngineSample:
 
 
 def watch(url: str, seconds: float, interval: float | None = None, timeout: float = 10.0,
-          sleep=time.sleep, clock=time.monotonic) -> list[tuple[float, EngineSample]]:
-    """Scrape at t=0 and every `interval` seconds until `seconds` have passed (at least two samples)."""
+          sleep=time.sleep, clock=time.monotonic) -> tuple[list[tuple[float, EngineSample]], str | None]:
+    """Scrape at t=0 and every `interval` seconds until `seconds` have passed (at least two samples); with why the
+    watch ended early, when the server stopped answering (the samples taken until then are kept)."""
     interval = interval or max(0.5, min(5.0, seconds / 10))
     start = clock()
     samples = [(0.0, scrape(url, timeout))]
@@ -87,8 +88,11 @@ def watch(url: str, seconds: float, interval: float | None = None, timeout: floa
         if elapsed >= seconds and len(samples) >= 2:
             break
         sleep(max(0.0, min(interval, seconds - elapsed) if elapsed < seconds else interval))
-        samples.append((clock() - start, scrape(url, timeout)))
-    return samples
+        try:
+            samples.append((clock() - start, scrape(url, timeout)))
+        except UsageError as exc:   # the server went away mid-watch: what was seen stays, and says so
+            return samples, f"{exc} after {clock() - start:.0f} s"
+    return samples, None
 
 
 # -- rules -------------------------------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def _capacity_fixes(first: EngineSample, last: EngineSample) -> list[Fix]:
     return fixes
 
 
-def metric_findings(samples: list[tuple[float, EngineSample]]) -> list[Finding]:
+def metric_findings(samples: list[tuple[float, EngineSample]], stopped: str | None = None) -> list[Finding]:
     findings: list[Finding] = []
     first, last = samples[0][1], samples[-1][1]
     window = samples[-1][0] - samples[0][0]
@@ -233,6 +237,11 @@ def metric_findings(samples: list[tuple[float, EngineSample]]) -> list[Finding]:
                                 f"to first token in the queue ({queue / ttft:.0%}){span}: the server is saturated, "
                                 "not slow at prefill.", evidence(f"mean queue {queue:.3f} s, mean TTFT {ttft:.3f} s"),
                                 _capacity_fixes(first, last)))
+    if stopped:
+        findings.append(Finding("server_stopped", 0.9, f"The server stopped answering /metrics during the watch "
+                                f"({stopped}): it crashed, hung or was stopped; the figures before it are above.",
+                                evidence(str(stopped)), [Fix("the server's own log says why it stopped",
+                                                             action="run oomguard diagnose on the server's log")]))
     findings.sort(key=lambda f: -f.confidence)
     shown: set = set()
     for finding in findings:   # the capacity fixes several findings share are printed once, with the first
@@ -272,5 +281,5 @@ def metric_facts(samples: list[tuple[float, EngineSample]]) -> dict:
 
 
 def diagnose_metrics(url: str, watch_seconds: float | None = None, interval: float | None = None) -> Diagnosis:
-    samples = watch(url, watch_seconds, interval) if watch_seconds else [(0.0, scrape(url))]
-    return Diagnosis(metric_findings(samples), metric_facts(samples), 0)
+    samples, stopped = watch(url, watch_seconds, interval) if watch_seconds else ([(0.0, scrape(url))], None)
+    return Diagnosis(metric_findings(samples, stopped), metric_facts(samples), 0)

@@ -14,7 +14,7 @@ from oomguard.failures import FailureClass, Fix
 
 LOG_CLASSES = tuple(FailureClass)
 METRIC_CLASSES = ("kv_pressure", "preemptions_rising", "queue_growing", "prefix_cache_low_hit_rate",
-                  "memory_growing", "ttft_queue_bound")
+                  "memory_growing", "ttft_queue_bound", "server_stopped")
 
 
 @dataclass
