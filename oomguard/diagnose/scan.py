@@ -141,24 +141,32 @@ class Matcher:
 
 
 def _trie_regex(words: list[str]) -> list[str]:
-    trie: dict = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = True
+    """One regex that matches any of `words`, factored as a trie (shared prefixes written once).
 
-    def build(node: dict) -> str:
-        if set(node) == {""}:
+    Built by grouping the sorted words on their first character, level by level, instead of materialising a
+    dict per character: the result is the same, but the transient memory stays small as the tables grow (the
+    scanner is built inside every diagnosis)."""
+    def build(group: list[str]) -> str:
+        # `group`: the distinct, sorted suffixes that share the prefix written so far
+        optional = "" in group
+        rest = [w for w in group if w]
+        branches = []
+        i = 0
+        while i < len(rest):
+            ch = rest[i][0]
+            j = i
+            while j < len(rest) and rest[j][0] == ch:
+                j += 1
+            branches.append(re.escape(ch) + build([w[1:] for w in rest[i:j]]))
+            i = j
+        if not branches:
             return ""
-        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
-        optional = "" in node
         body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
         if optional:
             return "(?:" + body + ")?"
         return body
 
-    return [build(trie)]
+    return [build(sorted(set(words)))]
 
 
 class Scanner:
