@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Iterable
 
 from oomguard.diagnose import oom
@@ -48,6 +49,7 @@ _PROCESS = re.compile(r"^\s*\((?P<name>[\w. /-]+?) pid=(?P<pid>\d+)(?:, ip=[\w.:
 _ERROR_WORDS = re.compile(r"rror|xception|fail|traceback|\bhang|stuck|file \"|cannot|can't|couldn't|unable to|not found|"
                           r"refused|denied|not supported|invalid|fatal|abort|killed|out of memory|exceed|timed? ?out")
 _BINARY = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")   # control characters, undecodable bytes
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 
@@ -122,7 +124,8 @@ class Matcher:
         self.needles = sorted(set(needles), key=len, reverse=True)
         self.any = re.compile("|".join(_trie_regex(self.needles)))
         # the regex reports the longest needle at a position; the shorter needles it starts with match there too
-        self._prefixes = {n: [p for p in self.needles if n.startswith(p)] for n in self.needles}
+        known = set(self.needles)
+        self._prefixes = {n: [n[:k] for k in range(len(n), 0, -1) if n[:k] in known] for n in self.needles}
 
     def find(self, joined: str, boundary: int) -> list[str]:
         """Needles that end after `boundary` (so they involve the current line), overlapping ones included."""
@@ -169,27 +172,30 @@ def _trie_regex(words: list[str]) -> list[str]:
     return [build(sorted(set(words)))]
 
 
+@lru_cache(maxsize=1)
+def _needles() -> tuple[dict[str, list], Matcher]:
+    """Every needle the scan looks for, with what a hit means, and the matcher over them: built once a process
+    (the tables are fixed), not once a diagnosis."""
+    handlers: dict[str, list] = {}
+    for sig in ALL_SIGNATURES:
+        handlers.setdefault(sig.needle, []).append(("sig", sig))
+    for name, needle, regex in startup_log.FACTS + llamacpp_signatures.FACTS:
+        handlers.setdefault(needle, []).append(("fact", (name, regex)))
+    for needle, phase in startup_log.PHASE_MARKERS + llamacpp_signatures.PHASE_MARKERS:
+        handlers.setdefault(needle, []).append(("phase", phase))
+    for needle, phase in startup_log.PHASE_HINTS:
+        handlers.setdefault(needle, []).append(("phase_hint", phase))
+    handlers.setdefault('file "', []).append(("frame", None))
+    handlers.setdefault("traceback (most recent call last)", []).append(("traceback", None))
+    handlers.setdefault("while processing method", []).append(("frame", None))
+    return handlers, Matcher(handlers)
+
+
 class Scanner:
     """Feed lines with `feed(number, text, source)`; read `classes`, `ooms`, `facts`, `phase` afterwards."""
 
     def __init__(self) -> None:
-        self._handlers: dict[str, list] = {}
-        for sig in ALL_SIGNATURES:
-            self._handlers.setdefault(sig.needle, []).append(("sig", sig))
-        for name, needle, regex in startup_log.FACTS:
-            self._handlers.setdefault(needle, []).append(("fact", (name, regex)))
-        for needle, phase in startup_log.PHASE_MARKERS:
-            self._handlers.setdefault(needle, []).append(("phase", phase))
-        for name, needle, regex in llamacpp_signatures.FACTS:
-            self._handlers.setdefault(needle, []).append(("fact", (name, regex)))
-        for needle, phase in llamacpp_signatures.PHASE_MARKERS:
-            self._handlers.setdefault(needle, []).append(("phase", phase))
-        for needle, phase in startup_log.PHASE_HINTS:
-            self._handlers.setdefault(needle, []).append(("phase_hint", phase))
-        self._handlers.setdefault('file "', []).append(("frame", None))
-        self._handlers.setdefault("traceback (most recent call last)", []).append(("traceback", None))
-        self._handlers.setdefault("while processing method", []).append(("frame", None))
-        self._matcher = Matcher(self._handlers)
+        self._handlers, self._matcher = _needles()
 
         self.lines = 0
         self.classes: dict[str, ClassHits] = {}
@@ -219,7 +225,8 @@ class Scanner:
         self._prev = stripped[-TAIL:]
         if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
-        if len(_BINARY.findall(text)) * 10 > len(text):   # binary noise, not a log line: no message hides in it
+        if (not text.isascii() or _CONTROL.search(text)) and len(_BINARY.findall(text)) * 10 > len(text):
+            # binary noise, not a log line: no message hides in it (a plain ASCII log line skips the count)
             self._prev, self._prev_raw = "", ""
             return
         needles = self._matcher.find(joined, boundary)
