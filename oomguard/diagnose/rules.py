@@ -219,7 +219,8 @@ def _precedence(scored: list) -> list:
         cls = finding.cls
         if cls == FailureClass.CONNECTION and strong.keys() & _SERVER_CLASSES:
             weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
-        if cls == FailureClass.ENGINE_BUG and any(c != FailureClass.ENGINE_BUG and w >= 0.8 for c, w in strong.items()):
+        if cls == FailureClass.ENGINE_BUG and kind == "bug" and \
+                any(c != FailureClass.ENGINE_BUG and w >= 0.8 for c, w in strong.items()):
             weight = min(weight, 0.6)  # a generic assertion next to a specific error: the specific one explains it
         if kind == "hint":
             # a keyword alone only speaks when nothing firmer was found
