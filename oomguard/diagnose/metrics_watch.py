@@ -255,8 +255,8 @@ def metric_findings(samples: list[tuple[float, EngineSample]], stopped: str | No
 
 def _slot_fixes(sample: EngineSample) -> list[Fix]:
     slots = int(sample.running or 1)
-    return [Fix(f"more slots serve more requests at once; -c is shared by the slots, so raise it with -np to keep "
-                f"each slot's context", "-np", slots * 2),
+    return [Fix("more slots serve more requests at once; -c is shared by the slots, so raise it with -np to keep "
+                "each slot's context", "-np", slots * 2),
             Fix("more replicas add capacity; admission control keeps the excess queued outside",
                 action="add a llama-server replica or put `oomguard proxy` in front")]
 

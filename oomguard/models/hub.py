@@ -65,11 +65,9 @@ def available() -> bool:
     """huggingface_hub is installed and not told to stay offline."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
-    try:
-        import huggingface_hub  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    from importlib.util import find_spec
+
+    return find_spec("huggingface_hub") is not None
 
 
 def fetch(model_id: str) -> dict:
