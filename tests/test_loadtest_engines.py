@@ -103,7 +103,7 @@ def test_capacity_of_a_llama_server_is_its_slots(llama_server, tmp_path):
     """llama-server has no KV gauge: its capacity shows in its busy slots and deferred requests. With 3 slots the
     search must land on 3 concurrent (the waiting queue it keeps above that is not "held")."""
     server = llama_server(ctx_size=3 * 512, parallel=3)
-    rc, rep = _run(tmp_path, server.url, "--find-capacity", "--concurrency", "1:8", "--duration", "2s",
+    rc, rep = _run(tmp_path, server.url, "--find-capacity", "--concurrency", "1:8", "--duration", "3s",
                    "--prompt-tokens", "32", "--output-tokens", "48", "--stop-when", "errors>0")
     cap = rep["capacity"]["capacity"]
     assert rep["engine"] == "llamacpp" and cap is not None and abs(cap - 3) <= 1, rep["verdict"]
