@@ -272,7 +272,7 @@ def test_html_report_in_chromium(upstream, tmp_path):
     assert chromium, "chromium is not installed: apt-get install -y chromium (CI installs it)"
     url = upstream("--itl", "0.005", "--slots", "6")  # 8 concurrent on 6 slots: KV 100%, waiting, preemptions
     html = tmp_path / "report.html"
-    rc = main(["loadtest", url, "--concurrency", "4:8", "--duration", "1.5s", "--output-tokens", "20",
+    rc = main(["loadtest", url, "--concurrency", "4:8", "--duration", "3s", "--output-tokens", "20",
                "--stop-when", "errors>0", "--html", str(html), "--progress", "off"])
     assert rc == 1   # 8 on 6 slots queues: not held, and the report is still written
     text = html.read_text()

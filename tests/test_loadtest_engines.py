@@ -108,4 +108,4 @@ def test_capacity_of_a_llama_server_is_its_slots(llama_server, tmp_path):
     cap = rep["capacity"]["capacity"]
     assert rep["engine"] == "llamacpp" and cap is not None and abs(cap - 3) <= 1, rep["verdict"]
     broke = next(s for s in rep["stages"] if s["index"] == rep["capacity"]["broke_stage"])
-    assert not broke["held"] and any("waiting" in why for why in broke["not_held_because"]), broke
+    assert not broke["held"] and any("waiting" in why or "ran at most" in why for why in broke["not_held_because"])

@@ -157,6 +157,13 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
         if end > 1.5 * mid + 2:
             out.append(f"the requests in flight grew from {mid} to {end}: the server finishes fewer than arrive "
                        f"({st.sent / max(1e-9, st.t_end - st.t_start):.2f} req/s offered)")
+    running = [p.running for p in points if getattr(p, "running", None) is not None]
+    if st.load.closed_loop and len(running) >= 4 and max(running) < st.load.value - 1:
+        # a closed loop keeps N requests out: a server that never ran even N - 1 at once (one may be between its
+        # answer and the next request) queued the rest (llama-server's slots, vLLM's max_num_seqs or KV cache),
+        # however briefly each waited between two samples
+        out.append(f"the server ran at most {max(running):.0f} of the {st.load.value:g} requests sent at once")
+        return out
     # the gauge is sampled every 0.5 s and a request waits a step or two on its way in: only a queue seen in most
     # samples, and at the end, is one
     waiting = [p.waiting for p in points if getattr(p, "waiting", None) is not None]
@@ -167,6 +174,8 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
             out.append(f"the server's waiting queue grew from {first:.0f} to {sum(last) / third:.0f}")
         elif st.load.closed_loop and median >= 1 and min(last) >= 1:
             out.append(f"the server kept {median:.0f} requests waiting: it serves fewer at once than were sent")
+    elif waiting and sum(waiting) / len(waiting) >= 1.5:   # a short stage: only a queue in every sample tells
+        out.append(f"the server had about {sum(waiting) / len(waiting):.0f} requests waiting throughout")
     return out
 
 
