@@ -395,29 +395,36 @@ def _balanced(src: str, start: int, limit: int = 4000) -> str:
     return src[start:n]
 
 
-def _split_args(args: str) -> list[str]:
+def _split_top(text: str, separators: tuple[str, ...], quotes: str = "\"'") -> list[str]:
+    """`text` cut at the separators that stand outside brackets and string literals."""
     out, depth, cur, i = [], 0, [], 0
-    while i < len(args):
-        c = args[i]
-        if c == '"' or c == "'":
+    while i < len(text):
+        c = text[i]
+        if c in quotes:
             j = i + 1
-            while j < len(args) and args[j] != c:
-                j += 2 if args[j] == "\\" else 1
-            cur.append(args[i:j + 1])
+            while j < len(text) and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            cur.append(text[i:j + 1])
             i = j + 1
             continue
         if c in "([{":
             depth += 1
-        if c in ")]}":
+        elif c in ")]}":
             depth -= 1
-        if c == "," and depth == 0:
+        sep = next((x for x in separators if text.startswith(x, i)), None) if depth == 0 else None
+        if sep:
             out.append("".join(cur))
             cur = []
-        else:
-            cur.append(c)
+            i += len(sep)
+            continue
+        cur.append(c)
         i += 1
     out.append("".join(cur))
-    return [a.strip() for a in out]
+    return out
+
+
+def _split_args(args: str) -> list[str]:
+    return [a.strip() for a in _split_top(args, (",",))]
 
 
 _WRAPPERS = re.compile(r"^(?:std::)?(?:string_format|format|fmt::format|c10::str|str|string|std::string|"
@@ -442,36 +449,13 @@ def _c_expr_text(expr: str, depth: int = 0) -> str | None:
             head = pct_to_wild(head)
         if m.group(0).startswith(("fmt::", "format")) and head is not None:
             head = brace_to_wild(head)
-        if rest.startswith("+"):
-            tail = _c_expr_text(rest[1:], depth + 1)
-            return (head or WILD) + (tail if tail is not None else WILD)
-        if rest.startswith("<<"):
-            tail = _c_expr_text(rest[2:], depth + 1)
+        joiner = next((op for op in ("+", "<<") if rest.startswith(op)), None)
+        if joiner:
+            tail = _c_expr_text(rest[len(joiner):], depth + 1)
             return (head or WILD) + (tail if tail is not None else WILD)
         return head
     # split on top-level + and << ; adjacent literals concatenate
-    pieces, cur, i, depth_p = [], [], 0, 0
-    while i < len(expr):
-        c = expr[i]
-        if c == '"':
-            j = i + 1
-            while j < len(expr) and expr[j] != '"':
-                j += 2 if expr[j] == "\\" else 1
-            cur.append(expr[i:j + 1])
-            i = j + 1
-            continue
-        if c in "([{":
-            depth_p += 1
-        elif c in ")]}":
-            depth_p -= 1
-        if depth_p == 0 and (c == "+" or expr[i:i + 2] == "<<"):
-            pieces.append("".join(cur))
-            cur = []
-            i += 2 if expr[i:i + 2] == "<<" else 1
-            continue
-        cur.append(c)
-        i += 1
-    pieces.append("".join(cur))
+    pieces = _split_top(expr, ("<<", "+"), quotes='"')
     out = []
     for piece in pieces:
         piece = piece.strip()

@@ -65,10 +65,14 @@ def predict(model: str | ModelSpec | None, gpu: str | GpuSpec | None = None, *, 
     version = parse_version(vllm_version) if vllm_version else NEWEST
     spec = resolve_model(model, model_config)
     gpu_spec = resolve_gpu(gpu, gpu_memory_gib, interconnect)
-    free = None
-    if free_memory_gib is not None:
-        if not 0 < free_memory_gib * GiB <= gpu_spec.total_memory_bytes:
-            raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu_spec.total_memory_bytes / GiB:.2f} GiB")
-        free = int(free_memory_gib * GiB)
     return _predict(spec, gpu_spec, engine_config(flags), version, gpu_count=gpu_count, engine=engine,
-                    free_memory_bytes=free)
+                    free_memory_bytes=free_memory_bytes(gpu_spec, free_memory_gib))
+
+
+def free_memory_bytes(gpu: GpuSpec, free_gib: float | None) -> int | None:
+    """--free-memory GIB in bytes, checked against the GPU (None when not given)."""
+    if free_gib is None:
+        return None
+    if not 0 < free_gib * GiB <= gpu.total_memory_bytes:   # NaN fails here too
+        raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu.total_memory_bytes / GiB:.2f} GiB")
+    return int(free_gib * GiB)

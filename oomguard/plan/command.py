@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from oomguard.engines.vllm.flags import flags_from_args, parse_vllm_command
     from oomguard.errors import UsageError
     from oomguard.plan import render
-    from oomguard.plan.api import engine_config, predict, resolve_gpu, resolve_model
+    from oomguard.plan.api import engine_config, free_memory_bytes, predict, resolve_gpu, resolve_model
 
     if args.list_gpus or args.list_models:
         return render.print_catalogs(gpus=args.list_gpus, models=args.list_models)
@@ -163,9 +163,8 @@ def run(args: argparse.Namespace) -> int:
     if report.verdict == "fails":
         from oomguard.engines.vllm.versions import parse_version
         from oomguard.plan.nearest import nearest_start
-        free = int(args.free_memory * 2**30) if args.free_memory is not None else None
         nearest = nearest_start(model, gpu, engine_config(flags), parse_version(report.vllm_version), gpu_count,
-                                report, free)
+                                report, free_memory_bytes(gpu, args.free_memory))
     render.print_report(report, as_json=args.json or args.format == "json", ignored=ignored,
                         quantization=flags.get("quantization"), extra=extra, output=args.format, nearest=nearest)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]

@@ -20,13 +20,12 @@ def run_gguf(args, path: str, flags: dict, extra: tuple[str, ...]) -> int:
     from oomguard.engines.llamacpp.gguf_file import read_gguf
     from oomguard.engines.vllm.memory import predict
     from oomguard.engines.vllm.versions import NEWEST, parse_version
-    from oomguard.plan.api import engine_config, resolve_gpu
+    from oomguard.plan.api import engine_config, free_memory_bytes, resolve_gpu
 
     gguf = read_gguf(path)
     gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
-    free = int(args.free_memory * GiB) if args.free_memory is not None else gpu.total_memory_bytes
-    if not 0 < free <= gpu.total_memory_bytes:
-        raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu.total_memory_bytes / GiB:.2f} GiB")
+    given = free_memory_bytes(gpu, args.free_memory)
+    free = given if given is not None else gpu.total_memory_bytes
     context = flags.get("max_model_len") or gguf.model.derived_max_model_len
     slots = flags.get("max_num_seqs") or 1
     if not 0 < context <= 16 * gguf.model.derived_max_model_len or slots < 1:
@@ -38,7 +37,7 @@ def run_gguf(args, path: str, flags: dict, extra: tuple[str, ...]) -> int:
     llama = replace(llama, model_file=path)
     version = parse_version(args.vllm_version) if args.vllm_version else NEWEST
     vllm = predict(gguf.model, gpu, engine_config(flags), version, gpu_count=args.gpu_count or 1,
-                    free_memory_bytes=free if args.free_memory is not None else None)
+                    free_memory_bytes=given)
     vllm_command = f"vllm serve {path} --tokenizer {gguf.base_repo or 'ORIGINAL_REPO_ID'} " + " ".join(extra)
     if args.json:
         json.dump({"gguf": {"path": path, "architecture": gguf.architecture, "file_type": gguf.file_type,

@@ -22,6 +22,7 @@ PCIe once per micro-batch (ggml-cuda offloads large batches' matmuls to the GPU)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from oomguard.engines.llamacpp.quant import FTYPES, QUALITY_LADDER, choose_types, row_bytes, tensor_bytes
@@ -80,28 +81,30 @@ def gguf_weights(model: ModelSpec, ftype: str) -> Weights:
         raise UsageError(f"unknown GGUF quantization {ftype!r}; use one of {', '.join(FTYPES)}")
     tensors = gguf_tensors(model)
     types = choose_types(tensors, ftype, mix_context(model))
-    layers = [0] * model.num_layers
-    experts = [0] * model.num_layers
+    return place_tensors(((t.name, t.layer, ty, tensor_bytes(ty, t.shape), math.prod(t.shape))
+                          for t, ty in zip(tensors, types)), model.num_layers, ftype, tied_output(model))
+
+
+def place_tensors(tensors, num_layers: int, ftype: str, tied: bool) -> Weights:
+    """Weights from (name, layer or None, ggml type, bytes, elements) per tensor: each repeating layer's bytes (its
+    routed experts apart), the input embedding, the output norm and matrix (the embedding again when tied)."""
+    layers, experts = [0] * num_layers, [0] * num_layers
     embd = out = out_norm = params = 0
     counts: dict[str, int] = {}
-    for t, ty in zip(tensors, types):
-        size = tensor_bytes(ty, t.shape)
-        n = 1
-        for d in t.shape:
-            n *= d
-        params += n
-        counts[ty] = counts.get(ty, 0) + 1
-        if t.layer is not None:
-            layers[t.layer] += size
-            if "_exps" in t.name:
-                experts[t.layer] += size
-        elif t.name == "token_embd.weight":
+    for name, layer, ggml_type, size, elements in tensors:
+        params += elements
+        counts[ggml_type] = counts.get(ggml_type, 0) + 1
+        if layer is not None:
+            if layer < num_layers:   # a file's extra blocks (MTP heads) are not repeating layers llama.cpp offloads
+                layers[layer] += size
+                if "_exps" in name:
+                    experts[layer] += size
+        elif name == "token_embd.weight":
             embd = size
-        elif t.name == "output_norm.weight":
+        elif name == "output_norm.weight":
             out_norm = size
         else:
             out += size
-    tied = tied_output(model)
     return Weights(ftype, tuple(layers), tuple(experts), embd, out_norm, embd if tied else out, tied, params,
                    tuple(sorted(counts.items())))
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from oomguard.engines.llamacpp.fit import Weights
+from oomguard.engines.llamacpp.fit import Weights, place_tensors
 from oomguard.errors import NotSupportedError, UsageError
 from oomguard.models.spec import ModelSpec, QuantSpec, parse_config
 
@@ -137,26 +137,8 @@ def _config(meta: dict, arch: str, vocab: int | None, tied: bool) -> dict:
 
 
 def _weights(tensors: dict[str, int], num_layers: int, ftype: str, reader) -> Weights:
-    layers, experts = [0] * num_layers, [0] * num_layers
-    embd = out_norm = out = 0
-    for name, size in tensors.items():
-        if name.startswith("blk."):
-            index = int(name.split(".", 2)[1])
-            if index < num_layers:
-                layers[index] += size
-                if "_exps" in name:
-                    experts[index] += size
-        elif name == "token_embd.weight":
-            embd = size
-        elif name == "output_norm.weight":
-            out_norm = size
-        elif name.startswith("output."):
-            out += size
-    tied = "output.weight" not in tensors
-    counts: dict[str, int] = {}
-    params = 0
-    for t in reader.tensors:
-        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-        params += int(t.n_elements)
-    return Weights(ftype or "file", tuple(layers), tuple(experts), embd, out_norm, embd if tied else out, tied,
-                   params, tuple(sorted(counts.items())))
+    def layer(name: str) -> int | None:
+        return int(name.split(".", 2)[1]) if name.startswith("blk.") else None
+
+    return place_tensors(((t.name, layer(t.name), t.tensor_type.name, int(t.n_bytes), int(t.n_elements))
+                          for t in reader.tensors), num_layers, ftype or "file", "output.weight" not in tensors)
