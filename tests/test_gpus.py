@@ -250,3 +250,90 @@ def test_what_vllm_only_warns_about_or_falls_back_from_is_said_not_refused():
     # Grace hosts: PyPI's aarch64 wheels start at 0.10.2
     assert any("no aarch64 vLLM wheel" in a for a in _plan("gh200", (0, 10, 1)).assumptions)
     assert not any("aarch64" in a for a in _plan("gh200", (0, 10, 2)).assumptions)
+
+
+# --- GPUs real startup logs named that the catalog lacked, and NVIDIA vGPU profile names ---
+
+@pytest.mark.parametrize("printed,key", [
+    # rocm-smi --showproductname / amdsmi's market name, pci.ids' name, vLLM's own ROCm device name
+    ("AMD Radeon AI PRO R9700", "radeon-ai-pro-r9700-32gb"),
+    ("GPU[0]\t\t: Card Series: \t\tAMD Radeon AI PRO R9700", "radeon-ai-pro-r9700-32gb"),
+    ("Navi 48 [Radeon AI PRO R9700]", "radeon-ai-pro-r9700-32gb"), ("AMD_Radeon_R9700", "radeon-ai-pro-r9700-32gb"),
+    ("AMD Radeon RX 9070 XT", "rx-9070-xt-16gb"), ("AMD_Radeon_RX9070XT", "rx-9070-xt-16gb"),
+    # nvidia-smi --query-gpu=name, and the table's cut
+    ("NVIDIA RTX 5000 Ada Generation", "rtx-5000-ada-32gb"), ("NVIDIA RTX 5000 Ada Gene...", "rtx-5000-ada-32gb"),
+    ("NVIDIA RTX 4000 Ada Generation", "rtx-4000-ada-20gb"), ("NVIDIA RTX 2000 Ada Generation", "rtx-2000-ada-16gb"),
+    ("NVIDIA RTX PRO 5000 Blackwell", "rtx-pro-5000-blackwell-48gb"),
+    ("NVIDIA RTX PRO 5000 Blac...", "rtx-pro-5000-blackwell-48gb"),
+    ("NVIDIA GeForce RTX 5070 Ti", "rtx-5070-ti-16gb"), ("NVIDIA GeForce RTX 5070 ...", "rtx-5070-ti-16gb"),
+    ("NVIDIA GeForce RTX 5070", "rtx-5070-12gb"), ("NVIDIA GeForce RTX 5060 Ti", "rtx-5060-ti-16gb"),
+    ("5060 ti", "rtx-5060-ti-16gb"), ("r9700", "radeon-ai-pro-r9700-32gb"), ("9070 xt", "rx-9070-xt-16gb"),
+])
+def test_new_gpus_resolve_as_their_tools_print_them(printed, key):
+    assert resolve_gpu(printed).key == key
+
+
+def test_new_gpus_totals_and_architectures():
+    def gib(name):
+        return round(resolve_gpu(name).total_memory_bytes / GiB, 2)
+    assert gib("AMD Radeon AI PRO R9700") == 31.86        # vLLM 0.13 HIP OOM: 'total capacity of 31.86 GiB'
+    assert gib("AMD Radeon RX 9070 XT") == 15.92          # PyTorch HIP OOM; rocminfo's 16695296 KB pool
+    assert gib("NVIDIA GeForce RTX 5060 Ti") == 15.47     # vLLM OOM 'total capacity of 15.47 GiB'
+    r9700 = resolve_gpu("r9700")
+    assert r9700.vendor == "amd" and r9700.gfx_arch == "gfx1201" and r9700.compute_capability == (12, 0)
+    assert r9700.supports_bf16 and r9700.supports_fp8 and r9700.multiprocessors == 64
+    assert resolve_gpu("NVIDIA RTX 5000 Ada Generation").compute_capability == (8, 9)
+    assert resolve_gpu("NVIDIA RTX PRO 5000 Blackwell").compute_capability == (12, 0)
+    with pytest.raises(UsageError, match="gfx1201 names several catalog GPUs: radeon-ai-pro-r9700-32gb, rx-9070-xt"):
+        resolve_gpu("gfx1201")
+    # NVML's total tells the 16 GB RTX 5060 Ti from the 8 GB one of the same name
+    assert find_gpu("NVIDIA GeForce RTX 5060 Ti", 16303 * 2**20).key == "rtx-5060-ti-16gb"
+    assert find_gpu("NVIDIA GeForce RTX 5060 Ti", 8151 * 2**20) is None
+
+
+@pytest.mark.parametrize("profile,board,framebuffer", [
+    ("NVIDIA RTX Pro 6000 Blackwell DC-4-96Q", "rtx-pro-6000-server-96gb", 96),  # MIG-backed, 96 GiB
+    ("GRID A100-40C", "a100-sxm-80gb", 40), ("NVIDIA A100-80C", "a100-sxm-80gb", 80),
+    ("GRID A100DX-3-40C", "a100-sxm-80gb", 40), ("GRID A100-1-5CME", "a100-sxm-80gb", 5),
+    ("NVIDIA L40S-48Q", "l40s-48gb", 48), ("NVIDIA L40S-12Q", "l40s-48gb", 12), ("NVIDIA A10-24Q", "a10-24gb", 24),
+    ("NVIDIA H100XM-80C", "h100-sxm-80gb", 80), ("NVIDIA-H100XM-80C", "h100-sxm-80gb", 80),
+    ("NVIDIA H100L-94C", "h100-nvl-94gb", 94), ("NVIDIA H200X-141C", "h200-141gb", 141),
+    ("GRID V100DX-32Q", "v100-32gb", 32), ("NVIDIA RTX6000-Ada-8Q", "rtx-6000-ada-48gb", 8),
+    ("RTX5000-Ada-4Q", "rtx-5000-ada-32gb", 4), ("GRID T4-16Q", "t4-16gb", 16),
+    ("NVIDIA RTX Pro 6000 Blackwell DC-1-24CGFX", "rtx-pro-6000-server-96gb", 24),
+    ("GRID A100-1-10CNOME", "a100-sxm-80gb", 10),
+])
+def test_a_vgpu_profile_is_its_board_with_the_profiles_framebuffer(profile, board, framebuffer):
+    from oomguard.gpus.catalog import VGPU_GUEST_RESERVED_GIB
+    g = resolve_gpu(profile)
+    base = resolve_gpu(board)
+    assert g.key.startswith(board + "/") and g.name == profile
+    assert g.total_memory_bytes == int(round((framebuffer - VGPU_GUEST_RESERVED_GIB) * GiB))
+    assert g.memory_bandwidth_bytes_per_s == base.memory_bandwidth_bytes_per_s
+    assert g.compute_capability == base.compute_capability and g.vendor == "nvidia"
+    assert g.total_memory_note.startswith("NVIDIA vGPU profile")
+    assert f"{framebuffer} GiB framebuffer" in g.total_memory_note
+    assert resolve_gpu(f"GPU 0: {profile} (UUID: GPU-0)") == g      # as nvidia-smi -L prints it
+
+
+def test_the_vgpu_rule_matches_the_logs_and_stays_a_rule():
+    # 12 vLLM 0.13 logs on an Azure DC-4-96Q profile imply 94.8-96.1 GiB (median 95.66): more than the bare 94.97
+    dc = resolve_gpu("NVIDIA RTX Pro 6000 Blackwell DC-4-96Q")
+    assert round(dc.total_memory_bytes / GiB, 2) == 95.66
+    assert "MIG-backed, 4 GPU instances" in dc.total_memory_note
+    assert find_gpu("NVIDIA RTX Pro 6000 Blackwell DC-4-96Q", 98304 * 2**20) == dc     # NVML's total in the guest
+    for not_a_profile in ("NVIDIA L4-48Q",          # a profile larger than the board it names
+                          "NVIDIA RTX 6000 4-96Q",  # no "-" between board and profile
+                          "AMD Radeon RX 7900 XTX-24Q",  # AMD has no such profiles
+                          "NVIDIA Hypothetical-24Q"):
+        with pytest.raises(UsageError, match="unknown GPU"):
+            resolve_gpu(not_a_profile)
+    # ordinary names with dashes are not profiles
+    assert resolve_gpu("NVIDIA A100-SXM4-40GB").key == "a100-sxm-40gb"
+    assert resolve_gpu("NVIDIA H20-3e").key == "h20-3e-141gb"
+
+
+def test_rdna4_runs_the_rocm_builds_that_list_gfx12():
+    assert any("do not list gfx1201" in w for w in _plan("r9700", (0, 8, 5)).warnings)
+    assert not any("gfx1201" in w for w in _plan("AMD Radeon AI PRO R9700", (0, 9, 0)).warnings)
+    assert _plan("9070xt", (0, 13, 0)).starts

@@ -6,6 +6,7 @@ import difflib
 import json
 import math
 import re
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 
@@ -18,6 +19,7 @@ HOST_LINKS = {
     "gen3x16": 12e9,
     "gen4x8": 12.5e9,
     "gen4x16": 25e9,
+    "gen5x8": 25e9,
     "gen5x16": 50e9,
     "c2c": 450e9,  # GH200 NVLink-C2C between Grace and Hopper, 900 GB/s both ways
 }
@@ -111,6 +113,44 @@ _GFX = re.compile(r"(?:gfx\s*version\s*:\s*)?(gfx[0-9a-f]+)(?::[\w+-]+)*", re.IG
 _TRUNCATED = re.compile(r"^(.+?)(?:\.\.\.|\u2026)\s*$")
 
 
+# An NVIDIA vGPU reports its profile, not its board: "GRID A100-40C", "NVIDIA L40S-48Q", "NVIDIA H100XM-80C",
+# "NVIDIA RTX Pro 6000 Blackwell DC-4-96Q". The type is board + "-" + [GPU instances "-" when MIG-backed] +
+# framebuffer in GiB (40C = 40960 MiB) + series A/B/C/Q [+ a MIG attribute ME/NOME/MEALL/GFX], the form
+# NVIDIA/vgpu-device-manager parses (pkg/types/vgpu_type.go); nvidia-smi prefixes "NVIDIA " or "GRID ".
+_VGPU = re.compile(r"^(?:grid\s+)?(?P<board>.+?)-(?:(?P<instances>\d+)-)?(?P<fb>\d+)[abcq](?:meall|nome|me|gfx)?$",
+                   re.IGNORECASE)
+# What CUDA's total lacks from the profile's framebuffer inside the guest. nvidia-smi there prints the profile's size
+# (98304 MiB for DC-4-96Q); 12 vLLM 0.13 logs on DC-4-96Q imply a total of 95.66 GiB (median, 94.8-96.1) when the
+# planner's other figures are taken as right: 96 - 0.34 GiB, what an RTX 4090 loses between nvidia-smi's 24564 MiB
+# and CUDA's 23.65 GiB. It is more than the bare board's 94.97 GiB: the profile, not the board's total, sets it.
+VGPU_GUEST_RESERVED_GIB = 0.34
+
+
+def _vgpu(text: str) -> GpuSpec | None:
+    """The spec an NVIDIA vGPU profile name stands for: its board's, with the total taken from the profile's
+    framebuffer (all a vGPU sees), or None when the name is no profile of a catalog board."""
+    text = text.strip()
+    match = _VGPU.match(text)
+    if not match:
+        return None
+    entries, specs, aliases = _load()
+    key = aliases.get(normalize(match.group("board")))
+    entry = next((e for e in entries if e["key"] == key), None)
+    framebuffer = int(match.group("fb"))
+    # a profile larger than its board means the board part named some other GPU
+    if entry is None or entry.get("vendor", "nvidia") != "nvidia" or not 0 < framebuffer <= entry["board_memory_gib"]:
+        return None
+    board = specs[key]
+    profile = re.sub(r"^(?:nvidia|grid)[\s-]+", "", text, flags=re.IGNORECASE).split()[-1]
+    mig = f" (MIG-backed, {match.group('instances')} GPU instances)" if match.group("instances") else ""
+    note = (f"NVIDIA vGPU profile {profile}{mig} on the {board.name}: the guest sees only the profile's "
+            f"{framebuffer} GiB framebuffer ({framebuffer * 1024} MiB in its nvidia-smi; the board has "
+            f"{entry['board_memory_gib']} GB), so total = {framebuffer} - {VGPU_GUEST_RESERVED_GIB} GiB, the CUDA "
+            "reservation fitted to vLLM logs on DC-4-96Q. Bandwidth and compute are the board's")
+    return replace(board, key=f"{board.key}/{profile.lower()}", name=text, total_memory_source_url="",
+                   total_memory_bytes=int(round((framebuffer - VGPU_GUEST_RESERVED_GIB) * GiB)), total_memory_note=note)
+
+
 def _one_of(keys: list[str], what: str, hint: str) -> GpuSpec:
     if len(keys) == 1:
         return _load()[1][keys[0]]
@@ -120,7 +160,8 @@ def _one_of(keys: list[str], what: str, hint: str) -> GpuSpec:
 def resolve_gpu(text: str) -> GpuSpec:
     """A catalog GPU from a forgiving name: 'h100', 'A100-40GB', 'rtx4090', 'NVIDIA GeForce RTX 4090', 'l40s' ...,
     also as nvidia-smi and rocm-smi print it (a line of `nvidia-smi -L`, a name cut short by nvidia-smi's table, a
-    rocm-smi "Card Series" line, or an AMD architecture such as 'gfx950' when one catalog GPU has it)."""
+    rocm-smi "Card Series" line, an NVIDIA vGPU profile such as 'GRID A100-40C', or an AMD architecture such as
+    'gfx950' when one catalog GPU has it)."""
     entries, specs, aliases = _load()
     text = _UUID_SUFFIX.sub("", _TOOL_PREFIX.sub("", str(text)))
     cut = _TRUNCATED.match(text)
@@ -134,6 +175,9 @@ def resolve_gpu(text: str) -> GpuSpec:
     key = aliases.get(normalize(text))
     if key is not None:
         return specs[key]
+    vgpu = _vgpu(text)
+    if vgpu is not None:
+        return vgpu
     gfx = _GFX.fullmatch(text.strip())
     if gfx:
         arch = gfx.group(1).lower()
@@ -151,9 +195,9 @@ def find_gpu(name: str, total_bytes: int | None = None) -> GpuSpec | None:
     """The catalog GPU for a device name as NVML/torch report it, or None. With `total_bytes` (any total: NVML's or
     CUDA's), a GPU whose memory is more than 10% away is not a match (an 8 GB RTX 4060 Ti is not the 16 GB one)."""
     key = _load()[2].get(normalize(name))
-    if key is None:
+    spec = _load()[1][key] if key is not None else _vgpu(name)
+    if spec is None:
         return None
-    spec = _load()[1][key]
     if total_bytes and abs(total_bytes - spec.total_memory_bytes) > 0.1 * spec.total_memory_bytes:
         return None
     return spec
