@@ -244,6 +244,7 @@ class ModelSpec:
     rope_cache_dims: tuple[int, ...] = ()        # rotary dims of each cache where they differ (else rotary_dim)
     embeddings_every_stage: bool = False         # the model file builds embeddings on every pipeline stage
     indexer: IndexerSpec | None = None
+    mtp_layers: int = 0                          # multi-token-prediction layers the checkpoint carries (speculative)
 
     def head_dim_at(self, layer: int) -> int:
         return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
@@ -676,6 +677,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         attn_output_gate=bool(text.get("attn_output_gate", isinstance(recurrent, LinearAttentionSpec))),
         rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
         checkpoint_bytes=checkpoint_bytes, source=source,
+        # DeepSeek / GLM / MiMo num_nextn_predict_layers, Qwen3.5 mtp_num_hidden_layers (vllm/config/speculative.py)
+        mtp_layers=_int(text, "num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0,
     )
     if model_type == "gemma4_text":
         spec = replace(spec, **_gemma4_fields(text, top, spec))

@@ -16,11 +16,16 @@ _CONFIG_FIELDS = {f.name for f in fields(EngineConfig)}
 
 def engine_config(flags: dict | None) -> EngineConfig:
     """EngineConfig from vLLM flag dests; unknown keys are a programming error, not user input."""
+    from oomguard.engines.vllm.flags import FEATURE_DESTS
     flags = {k: v for k, v in (flags or {}).items() if v is not None}
-    unknown = set(flags) - _CONFIG_FIELDS
+    unknown = set(flags) - _CONFIG_FIELDS - FEATURE_DESTS
     if unknown:
         raise UsageError(f"not a modelled vLLM setting: {', '.join(sorted(unknown))}")
-    return EngineConfig(**flags)
+    config = EngineConfig.from_flags(flags)
+    spec = config.speculative
+    if spec and spec.method == "draft_model" and spec.model:   # the draft model's shapes, from the catalog
+        config = replace(config, speculative=replace(spec, draft=resolve_model(spec.model)))
+    return config
 
 
 def resolve_gpu(gpu: str | GpuSpec | None, gpu_memory_gib: float | None = None,

@@ -58,8 +58,10 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -
     gpu, gpu_count, free, notes = _machine(args)
     if free is not None and not 0 < free <= gpu.total_memory_bytes:
         raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu.total_memory_bytes / GiB:.2f} GiB")
-    fixed = {k: v for k, v in flags.items() if k in _PINNABLE and v is not None}
-    ignored = sorted(set(flags) - _PINNABLE)
+    from oomguard.engines.vllm.flags import FEATURE_DESTS
+    pinnable = _PINNABLE | FEATURE_DESTS   # LoRA, speculative decoding, multimodal and offload flags: kept as given
+    fixed = {k: v for k, v in flags.items() if k in pinnable and v is not None}
+    ignored = sorted(set(flags) - pinnable)
     if ignored:
         raise UsageError(f"{', '.join('--' + k.replace('_', '-') for k in ignored)} cannot be combined with a "
                          "workload search: drop it, or plan that exact config without --p99-tokens")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from oomguard.engines.vllm.flags import format_llm_kwargs, format_vllm_command, format_yaml_config
+from oomguard.engines.vllm.flags import FEATURE_DESTS, format_llm_kwargs, format_vllm_command, format_yaml_config
 from oomguard.engines.vllm.memory import MemoryReport
 from oomguard.failures import FailureClass
 from oomguard.units import GiB
@@ -113,9 +113,20 @@ def print_breakdown(console, report: MemoryReport) -> None:
          prov["cuda_graph_gib"]),
         ("available KV cache", w.kv_cache_bytes, prov["kv_cache_gib"]),
     ]
+    # the parts LoRA, speculative decoding and multimodal inputs take of the figures above, where used
+    parts = [("  of which LoRA adapter slots", w.lora_bytes, "exact arithmetic from the LoRA flags", 2),
+             ("  of which the drafter", w.speculative_weights_bytes, "speculative decoding's drafter", 2),
+             ("  of which encoder outputs held", w.encoder_cache_bytes, "vision encoder profile", 3),
+             ("  of which the drafter's layers", w.speculative_kv_bytes, "exact arithmetic from the blocks", 6)]
+    for label, value, source, after in sorted(parts, key=lambda p: -p[3]):
+        if value:
+            rows.insert(after, (label, value, source))
     for label, value, source in rows:
         table.add_row(label, f"{value / GiB:.2f}", source)
     console.print(table)
+    if report.host_memory_bytes:
+        console.print(f"host (CPU) memory for offloading: {report.host_memory_bytes / GiB:.2f} GiB on this machine; "
+                      "it adds no GPU KV capacity")
     bar, legend = _bar(report)
     console.print(bar)
     console.print(legend)
@@ -152,6 +163,7 @@ def _command_flags(report: MemoryReport) -> dict:
                                "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
                                "kv_cache_dtype", "enforce_eager", "enable_prefix_caching", "cpu_offload_gb",
                                "kv_cache_memory_bytes", "enable_expert_parallel")}
+    flags.update({k: v for k, v in c.items() if k in FEATURE_DESTS})
     for key, default in (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("data_parallel_size", 1),
                          ("kv_cache_dtype", "auto"), ("cpu_offload_gb", 0.0)):
         if flags[key] == default:

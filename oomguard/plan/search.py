@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field, fields, replace
 
 from oomguard.engines.vllm import defaults
+from oomguard.engines.vllm.flags import ENGINE_DESTS
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict
 from oomguard.engines.vllm.quantization import runs_on
 from oomguard.engines.vllm.releases import release
@@ -62,8 +63,9 @@ class Candidate:
 
     def command_flags(self) -> dict:
         """The vLLM settings worth writing down: what differs from EngineConfig's defaults (vLLM's), by dest."""
-        return {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)
-                if f.name != "usage_context" and getattr(self.config, f.name) != f.default}
+        plain = {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)
+                 if f.name in ENGINE_DESTS and getattr(self.config, f.name) != f.default}
+        return {**plain, **self.config.feature_flags}   # LoRA, speculative, multimodal, offload flags as given
 
     def to_dict(self) -> dict:
         return {"model": self.checkpoint.model.model_id, "checkpoint": self.checkpoint.label,
@@ -223,7 +225,7 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
         utilization_choices(gpu, free_memory_bytes)
     if not utils:
         raise UsageError("the free memory given leaves nothing for vLLM on this GPU")
-    base = EngineConfig(**{**_configs(model, gpu, version, workload, usage_context), **fixed})
+    base = EngineConfig.from_flags({**_configs(model, gpu, version, workload, usage_context), **fixed})
     kv_dtypes = [fixed["kv_cache_dtype"]] if "kv_cache_dtype" in fixed else \
         ["auto"] + (["fp8"] if gpu.supports_fp8 else [])
     ckpts = checkpoints(model, gpu, list(variants))

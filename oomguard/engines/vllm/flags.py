@@ -43,6 +43,46 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
 
 
+def json_object(text) -> dict:
+    """A flag whose value is a JSON object (--speculative-config, --mm-processor-kwargs, --kv-transfer-config); a
+    dict passes through (a log's non-default args print it so)."""
+    if isinstance(text, dict):
+        return text
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object (example: '{{\"method\": \"ngram\", "
+                                         "\"num_speculative_tokens\": 3}')")
+    return value
+
+
+def mm_limits(text) -> dict:
+    """--limit-mm-per-prompt: JSON ('{"image": 2}') or the older key=value list ('image=2,video=1')."""
+    if isinstance(text, dict) or str(text).lstrip().startswith("{"):
+        value = json_object(text)
+    else:
+        value = {}
+        for part in filter(None, (p.strip() for p in str(text).split(","))):
+            key, eq, count = part.partition("=")
+            if not eq or not count.strip().isdigit():
+                raise argparse.ArgumentTypeError(f"{text!r}: use JSON ('{{\"image\": 2}}') or image=2,video=1")
+            value[key.strip()] = int(count)
+    for key, limit in value.items():
+        count = limit.get("count", 1) if isinstance(limit, dict) else limit
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise argparse.ArgumentTypeError(f"--limit-mm-per-prompt {key}: a count of 0 or more, got {limit!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _positive_float(text)
+    if not value >= 0:   # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    return value
+
+
 @dataclass(frozen=True)
 class Flag:
     dest: str
@@ -71,9 +111,39 @@ FLAGS: tuple[Flag, ...] = (
     Flag("kv_cache_memory_bytes", ("--kv-cache-memory-bytes", "--kv-cache-memory"), human_int,
          "fixed KV cache size per GPU (ignores --gpu-memory-utilization)"),
     Flag("enable_expert_parallel", ("--enable-expert-parallel",), None, "split MoE experts over GPUs"),
+    # LoRA adapters (vllm/config/lora.py LoRAConfig)
+    Flag("enable_lora", ("--enable-lora",), None, "serve LoRA adapters: slots are preallocated on every GPU"),
+    Flag("max_loras", ("--max-loras",), int, "adapters in one batch (GPU slots)"),
+    Flag("max_lora_rank", ("--max-lora-rank",), int, "the largest adapter rank (slots are this wide)"),
+    Flag("max_cpu_loras", ("--max-cpu-loras",), int, "adapters cached in CPU memory"),
+    Flag("fully_sharded_loras", ("--fully-sharded-loras",), None, "shard both LoRA matrices over TP ranks"),
+    Flag("lora_extra_vocab_size", ("--lora-extra-vocab-size",), int, "extra vocabulary slots per adapter"),
+    Flag("lora_dtype", ("--lora-dtype",), str, "auto, float16, bfloat16"),
+    # speculative decoding (vllm/config/speculative.py SpeculativeConfig; the separate flags before 0.8)
+    Flag("speculative_config", ("--speculative-config",), json_object,
+         "JSON: method (draft model, eagle, eagle3, mtp, ngram, ...), model, num_speculative_tokens"),
+    Flag("speculative_model", ("--speculative-model",), str, "draft model (vLLM < 0.8; --speculative-config after)"),
+    Flag("num_speculative_tokens", ("--num-speculative-tokens",), int, "tokens proposed per step (vLLM < 0.8)"),
+    Flag("speculative_draft_tensor_parallel_size", ("--speculative-draft-tensor-parallel-size",), int,
+         "draft model TP (vLLM < 0.8)"),
+    # multimodal inputs (vllm/config/multimodal.py MultiModalConfig)
+    Flag("limit_mm_per_prompt", ("--limit-mm-per-prompt",), mm_limits,
+         "items per prompt by modality, JSON or image=N,video=N; 0 turns a modality (and its profiling) off"),
+    Flag("mm_processor_kwargs", ("--mm-processor-kwargs",), json_object,
+         "JSON for the model's processor, e.g. {\"max_pixels\": 1003520}"),
+    Flag("skip_mm_profiling", ("--skip-mm-profiling",), None, "no encoder in the profile run (its memory unseen)"),
+    # offloading: host memory (vllm/config/cache.py swap_space, kv_offloading_*; kv_transfer_config connectors)
+    Flag("swap_space", ("--swap-space",), _non_negative_float, "GiB of CPU memory per GPU for preempted requests (V0)"),
+    Flag("kv_offloading_size", ("--kv-offloading-size",), _non_negative_float,
+         "GiB of CPU memory for offloaded KV blocks (all ranks together)"),
+    Flag("kv_offloading_backend", ("--kv-offloading-backend",), str, "native or lmcache"),
+    Flag("kv_transfer_config", ("--kv-transfer-config",), json_object,
+         "JSON: a KV connector, e.g. {\"kv_connector\": \"LMCacheConnectorV1\", \"kv_role\": \"kv_both\"}"),
 )
 
 ENGINE_DESTS = {f.dest for f in FLAGS}
+# the flags of LoRA, speculative decoding, multimodal inputs and offloading: EngineConfig turns them into typed configs
+FEATURE_DESTS = {f.dest for f in FLAGS[FLAGS.index(next(f for f in FLAGS if f.dest == "enable_lora")):]}
 
 
 def _underscored(option: str) -> str:
@@ -143,7 +213,7 @@ def format_vllm_command(model: str, flags: dict, extra: tuple[str, ...] = ()) ->
         if flag.type is None:
             parts.append(option if value else f"--no-{option[2:]}")
         else:
-            parts += [option, shlex.quote(str(value))]
+            parts += [option, shlex.quote(_flag_text(value))]
     hide_next = False
     for word in extra:
         if hide_next:
@@ -154,6 +224,11 @@ def format_vllm_command(model: str, flags: dict, extra: tuple[str, ...] = ()) ->
             parts.append(shlex.quote(word))
         hide_next = word == "--api-key"
     return " ".join(parts)
+
+
+def _flag_text(value) -> str:
+    """A flag value as vLLM reads it: JSON for objects, else its text."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, dict) else str(value)
 
 
 def engine_config_fields() -> set[str]:
@@ -183,6 +258,8 @@ def format_yaml_config(model: str, flags: dict) -> str:
             return "true" if value else "false"
         if isinstance(value, (int, float)):
             return repr(value)
+        if isinstance(value, dict):
+            return json.dumps(value)  # a JSON object is a valid YAML flow mapping
         return json.dumps(str(value))  # a JSON string is a valid YAML scalar, quotes and all
     lines = [f"model: {scalar(model)}"]
     lines += [f"{flag.options[0][2:]}: {scalar(value)}" for flag, value in _set_flags(flags)]

@@ -14,9 +14,15 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from oomguard.engines.vllm import defaults, messages, profile
+from oomguard.engines.vllm.flags import FEATURE_DESTS
 from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
                                       MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
                                       kv_cache_tokens, max_concurrency, num_blocks)
+from oomguard.engines.vllm import lora as lora_slots
+from oomguard.engines.vllm.lora import LoraConfig
+from oomguard.engines.vllm.offload import OffloadConfig, host_memory
+from oomguard.engines.vllm import speculative as spec_decode
+from oomguard.engines.vllm.speculative import SpeculativeConfig
 from oomguard.engines.vllm.releases import LATE_MODEL_TYPES, VllmRelease, first_release_running, release
 from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
@@ -58,6 +64,19 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None
     enable_expert_parallel: bool = False
     usage_context: str = "serve"              # "serve" (vllm serve) or "llm" (the LLM class)
+    lora: LoraConfig | None = None            # --enable-lora and its sizes
+    speculative: SpeculativeConfig | None = None  # --speculative-config (or the older separate flags)
+    offload: OffloadConfig | None = None      # --swap-space, --kv-offloading-*, an offloading KV connector
+    feature_flags: dict = field(default_factory=dict)   # the flags the typed configs above came from, as given
+
+    @classmethod
+    def from_flags(cls, flags: dict) -> EngineConfig:
+        """From vLLM flag dests (None values dropped); the feature flags become their typed configs."""
+        flags = {k: v for k, v in flags.items() if v is not None}
+        given = {k: v for k, v in flags.items() if k in FEATURE_DESTS}
+        plain = {k: v for k, v in flags.items() if k not in FEATURE_DESTS}
+        return cls(**plain, lora=LoraConfig.from_flags(given), speculative=SpeculativeConfig.from_flags(given),
+                   offload=OffloadConfig.from_flags(given), feature_flags=given)
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,11 @@ class WorkerMemory:
     kv_cache_bytes: int          # available for the KV cache on this worker
     num_blocks: int              # blocks this worker alone could hold
     bytes_per_block: int
+    # the parts of the figures above that LoRA, speculative decoding and multimodal inputs take (0 when unused)
+    lora_bytes: int = 0                  # LoRA slots, in weights_bytes
+    speculative_weights_bytes: int = 0   # the drafter's weights, in weights_bytes
+    speculative_kv_bytes: int = 0        # the drafter's layers' share of the KV cache
+    encoder_cache_bytes: int = 0         # encoder outputs and inputs held through the profile run, in the peak
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,7 @@ class MemoryReport:
     warnings: tuple[str, ...] = ()
     kv_layout: KvLayout | None = field(default=None, repr=False)   # the tightest worker's, for workload checks
     in_flight_tokens: int = 0
+    host_memory_bytes: int = 0   # CPU memory for offloading (swap space, KV offloading), all GPUs together
 
     @property
     def first(self) -> WorkerMemory:
@@ -138,6 +163,9 @@ class MemoryReport:
             "non_torch_gib": _gib(w.non_torch_bytes), "cuda_graph_gib": _gib(w.cuda_graph_bytes),
             "cuda_graph_estimate_gib": _gib(w.cuda_graph_estimate_bytes),
             "cuda_graphs_in_budget": self.cuda_graphs_in_budget,
+            "lora_gib": _gib(w.lora_bytes), "speculative_weights_gib": _gib(w.speculative_weights_bytes),
+            "speculative_kv_gib": _gib(w.speculative_kv_bytes), "encoder_cache_gib": _gib(w.encoder_cache_bytes),
+            "host_memory_gib": _gib(self.host_memory_bytes),
             "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
             "max_concurrency": round(self.max_concurrency, 2), "max_model_len": self.max_model_len,
@@ -319,6 +347,25 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_byte
     return specs
 
 
+def speculative_tokens(cfg: EngineConfig, model: ModelSpec) -> int:
+    """k: the tokens proposed a step (MTP without num_speculative_tokens proposes one per MTP layer)."""
+    spec = cfg.speculative
+    return (spec.num_speculative_tokens or model.mtp_layers or 1) if spec else 0
+
+
+def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
+    """The drafter's KV-bearing layers, registered beside the target's (gpu_model_runner.get_kv_cache_spec): EAGLE
+    heads and MTP layers shaped like the target's full attention; a draft model's own layers."""
+    if drafter is None:
+        return []
+    if drafter.draft_model is not None:
+        d = drafter.draft_model
+        return _kv_specs(d, range(d.num_layers), tp, block_size, kv_bytes)
+    full = [s for s in target if isinstance(s, (FullAttentionSpec, MLAAttentionSpec))
+            and not isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec))]
+    return full[-1:] * drafter.attention_layers if full else []
+
+
 def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
     if tp < 1 or pp < 1 or cfg.data_parallel_size < 1:
@@ -383,6 +430,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         how = f" with {model.quant.method} {model.quant.bits}-bit weights" if model.quant else ""
         notes.append(f"{model.model_id} is not in the catalog: planned as {model.resolved_from}{how}")
     notes += model.load_notes
+    host = host_memory(cfg.offload, rel, engine, tp * pp * cfg.data_parallel_size, tp * pp)
+    if host.error:
+        raise UsageError(host.error)
+    notes += host.notes
     dtype, dtype_notes = resolve_dtype(model, cfg, gpu, rel)
     notes += dtype_notes
     act_bytes = DTYPE_BYTES[dtype]
@@ -435,6 +486,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     state = None
     if model.recurrent:
         state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
+        if cfg.speculative and rel.mamba_spec_blocks and engine == "v1":
+            # a request keeps the states of its k proposed tokens too (MambaSpec.num_speculative_blocks)
+            state = replace(state, pages_per_request=state.pages_per_request + speculative_tokens(cfg, model))
         block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
         notes.append(f"attention block size {block_size} tokens, so one attention page holds a "
                      f"{'Mamba' if model.layer_attention.count('mamba') else 'linear-attention'} layer's recurrent "
@@ -453,7 +507,20 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if free_memory_bytes is not None:
         start_used = total - free_memory_bytes
     offload_left = int(cfg.cpu_offload_gb * GiB)
-    graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability)
+    drafter = None
+    if cfg.speculative:
+        spec_decode.check(cfg.speculative, model, rel, engine, tp)
+        drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
+        notes += drafter.notes
+        warnings += drafter.warnings
+    rejection = spec_decode.rejection_warmup_bytes(rel, num_reqs, padded_vocab(model.vocab_size), act_bytes) \
+        if drafter and engine == "v1" else 0
+    graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability,
+                                        1 + (drafter.tokens if drafter else 0))
+    if cfg.lora:
+        lora_slots.check(cfg.lora, rel, tp)
+        graph_shape = replace(graph_shape, captures=graph_shape.captures * lora_slots.graph_capture_factor(cfg.lora,
+                                                                                                           rel))
     kv_given = cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag
 
     workers: list[WorkerMemory] = []
@@ -465,11 +532,19 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         if offload_left:  # maybe_offload_to_cpu moves whole layers' parameters until the budget is used
             moved = min(offload_left, int(weights * 0.95))
             weights -= moved
+        adapters = lora_slots.lora_bytes(model_q, cfg.lora, rel, tp, len(layers), stage == 0, stage == pp - 1,
+                                         dtype, tokens, seqs) if cfg.lora else 0
+        draft_weights = drafter.weights_bytes if drafter and stage == pp - 1 else 0
+        weights += draft_weights   # loaded inside the same profiler: one "Model loading took" figure
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
                                                    stage == pp - 1, act_bytes, version, gpu.multiprocessors,
-                                                   coefficients, engine)
+                                                   coefficients, engine, rejection_bytes=rejection)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability)
+        if rel.lora_in_weights:   # allocated inside load_model's profiler: "Model loading took" includes them
+            weights += adapters
+        elif rel.v0_counts_cuda_context:   # 0.6: allocated after the weights line, caught as non-torch memory
+            non_torch += adapters
         if engine == "v1" and rel.non_torch_includes_baseline:  # the raw formula: all but live torch tensors
             non_torch += start_used
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
@@ -479,11 +554,15 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
-        layout = build_layout(_kv_specs(model, layers, tp, block_size, kv_bytes, state, ds_mla), hybrid_manager,
-                              rel.hybrid_groups_max_if_close)
+        specs = _kv_specs(model, layers, tp, block_size, kv_bytes, state, ds_mla)
+        draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv_bytes) if stage == pp - 1 else []
+        layout = build_layout(specs + draft_specs, hybrid_manager, rel.hybrid_groups_max_if_close)
         layouts.append(layout)
+        blocks_here = num_blocks(layout, int(available))
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
-                                    int(available), num_blocks(layout, int(available)), layout.bytes_per_block))
+                                    int(available), blocks_here, layout.bytes_per_block, lora_bytes=adapters,
+                                    speculative_weights_bytes=draft_weights,
+                                    speculative_kv_bytes=blocks_here * sum(s.page_size_bytes for s in draft_specs)))
 
     blocks = min(w.num_blocks for w in workers)
     tight = min(range(pp), key=lambda s: workers[s].kv_cache_bytes)
@@ -529,9 +608,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             error_class = FailureClass.KV_CACHE_TOO_SMALL
     # After KV allocation: graphs are captured (outside the budget before 0.20), then the sampler warms up
     # with num_reqs dummy requests (gpu_worker.compile_or_warm_up_model) in whatever memory is left.
+    # 0.7's LoRA stacks are in no figure vLLM budgets (allocated after the weights line, before the snapshot)
+    uncounted = 0 if rel.lora_in_weights or rel.v0_counts_cuda_context else max(w.lora_bytes for w in workers)
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
-                   - w.cuda_graph_bytes for w in workers)
-    sampler_need = profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version, gpu.multiprocessors)
+                   - w.cuda_graph_bytes for w in workers) - uncounted
+    sampler_need = max(profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version,
+                                                  gpu.multiprocessors), rejection)
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
     warmup_margin = sum(profile.ESTIMATE_P90_GIB[k] for k in ("activation_peak", "non_torch", "cuda_graph")) * GiB
@@ -613,7 +695,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         "kv_cache_dtype": cfg.kv_cache_dtype, "block_size": block_size, "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": cfg.enable_prefix_caching, "cpu_offload_gb": cfg.cpu_offload_gb,
         "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes, "enable_expert_parallel": cfg.enable_expert_parallel,
-        "usage_context": cfg.usage_context,
+        "usage_context": cfg.usage_context, **cfg.feature_flags,
     }
     return MemoryReport(
         model_id=model.model_id, gpu_name=gpu.name, gpu_count=gpu_count, vllm_version=fmt(version), engine=engine,
@@ -623,7 +705,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         starts=error is None, verdict=verdict, risks=tuple(risks), kv_cache_low_bytes=kv_low,
         kv_cache_high_bytes=kv_high, error=error, error_class=error_class, estimated_max_model_len=estimated,
         needed_kv_bytes=needed, headroom_bytes=int(headroom), assumptions=tuple(notes), provenance=provenance,
-        warnings=tuple(warnings), kv_layout=layout, in_flight_tokens=in_flight,
+        warnings=tuple(warnings), kv_layout=layout, in_flight_tokens=in_flight, host_memory_bytes=host.bytes,
     )
 
 

@@ -118,7 +118,7 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocess
 def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
                           c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1",
-                          flashinfer: bool = False) -> tuple[float, float]:
+                          flashinfer: bool = False, rejection_bytes: int = 0) -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c, engine)
     # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
@@ -126,19 +126,21 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
     hidden_alive = (tokens + 2 * num_reqs) * model.hidden_size * act_bytes
     # from 0.13 the fused-MoE workspace comes from the WorkspaceManager (v1/worker/workspace.py) and stays allocated
     kept = moe_workspace_bytes(model, tokens, tp, act_bytes) if release(version).moe_workspace_persists else 0
-    sampler = sampler_peak_bytes(vocab, num_reqs, version, multiprocessors, flashinfer) + hidden_alive + kept \
-        if last_stage else 0.0
+    # with speculative decoding the rejection sampler warms up after the sampler (speculative.rejection_warmup_bytes)
+    sampler = max(sampler_peak_bytes(vocab, num_reqs, version, multiprocessors, flashinfer), rejection_bytes) + \
+        hidden_alive + kept if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
 
 
 def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
-                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1", flashinfer: bool = False) -> int:
+                          c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1", flashinfer: bool = False,
+                          rejection_bytes: int = 0) -> int:
     """torch peak increase during profile_run on one worker: the larger of the two candidates (`flashinfer`: with
     FlashInfer's sampler, which releases up to 0.11 use when it is installed)."""
     return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, version,
-                                         multiprocessors, c, engine, flashinfer)))
+                                         multiprocessors, c, engine, flashinfer, rejection_bytes)))
 
 
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
@@ -176,11 +178,13 @@ def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int
 
 
 def cuda_graph_sizes(version: Version, max_num_seqs: int, max_num_batched_tokens: int,
-                     compute_capability: tuple[int, int] = (9, 0)) -> tuple[int, ...]:
-    """Token counts vLLM captures CUDA graphs for by default (config/vllm.py VllmConfig._set_cudagraph_sizes)."""
+                     compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1) -> tuple[int, ...]:
+    """Token counts vLLM captures CUDA graphs for by default (config/vllm.py VllmConfig._set_cudagraph_sizes);
+    `decode_query_len`: 1 + the speculative tokens, which each decode step carries."""
     rel = release(version)
     cap = 1024 if rel.graph_cap_1024_on_blackwell and compute_capability[0] == 10 else 512
-    largest = min(2 * max_num_seqs, cap) if rel.graph_sizes_follow_max_num_seqs else cap
+    per_seq = 2 * (decode_query_len if rel.graph_sizes_scale_with_spec else 1)
+    largest = min(per_seq * max_num_seqs, cap) if rel.graph_sizes_follow_max_num_seqs else cap
     largest = min(largest, max_num_batched_tokens)
     if rel.graph_sizes_step_16_above_256:
         sizes = [s for s in (1, 2, 4) if s <= largest] + list(range(8, min(largest + 1, 256), 8)) + \
@@ -223,8 +227,8 @@ class GraphShape:
 
     @classmethod
     def of(cls, version: Version, max_num_seqs: int, max_num_batched_tokens: int,
-           compute_capability: tuple[int, int] = (9, 0)) -> GraphShape:
-        sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability)
+           compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1) -> GraphShape:
+        sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability, decode_query_len)
         return cls(_captures(version, sizes, max_num_seqs), max(sizes) if sizes else 0)
 
 

@@ -62,6 +62,22 @@ class VllmRelease:
     max_model_len_auto: bool             # --max-model-len -1/auto fits the KV cache
     kv_cache_memory_bytes_flag: bool     # --kv-cache-memory-bytes replaces the profile
     prefetch_offload: bool               # --offload-group-size / --offload-num-in-group
+    swap_space_flag: bool                # --swap-space exists (V0's CPU swap; V1 ignores it)
+    # --- LoRA (vllm/config/lora.py, vllm/lora/) ---
+    lora_ranks: tuple[int, ...]          # --max-lora-rank choices
+    lora_extra_vocab: bool               # --lora-extra-vocab-size and its extra embedding rows
+    lora_wraps_moe: bool                 # FusedMoE experts get LoRA stacks
+    lora_embedding_model_types: frozenset[str]  # models declaring embedding_modules (embed and logits wrapped)
+    lora_graph_cases: int                # CUDA graphs captured with and without adapters (x2)
+    lora_in_weights: bool                # the stacks are allocated inside load_model's profiler (0.8+)
+    # --- speculative decoding (config/speculative.py, v1/spec_decode/, v1/worker/gpu_model_runner.py) ---
+    speculative_config_flag: bool        # --speculative-config (else --speculative-model / --num-speculative-tokens)
+    v1_draft_model: bool                 # V1 runs a separate draft model (DraftModelProposer)
+    mtp_shares_lm_head: bool             # DeepSeek-style MTP layers reuse the target's lm_head
+    rejection_warmup: str                # "early", "late" or "none": the rejection sampler's dummy run
+    mamba_spec_blocks: bool              # a hybrid keeps 1 + k recurrent-state pages a request
+    graph_sizes_scale_with_spec: bool    # capture sizes up to max_num_seqs x (1 + k) x 2
+    kv_offloading_flags: bool            # --kv-offloading-size / --kv-offloading-backend
     # --- memory accounting (v1/worker/gpu_worker.py determine_available_memory, v1/worker/utils.py) ---
     requested_rounds_up: bool            # requested memory = ceil(total x utilization), else int()
     free_memory_check: bool              # V1 refuses to start with less free memory than requested
@@ -164,6 +180,8 @@ _LATE_MODEL_TYPES: dict[str, Version] = {
     "gemma4": (0, 19, 0), "gemma4_text": (0, 19, 0),
 }
 LATE_MODEL_TYPES = frozenset(_LATE_MODEL_TYPES)
+_LORA_EMBEDDING_TYPES = frozenset({"llama", "mistral", "mixtral", "granite", "granitemoe", "exaone", "exaone4",
+                                   "nemotron", "minicpm", "phimoe", "jamba", "bamba", "solar", "falcon_h1"})
 
 
 @lru_cache(maxsize=None)
@@ -180,6 +198,27 @@ def release(version: Version) -> VllmRelease:
         max_model_len_auto=_since(v, False, ((0, 14, 0), True)),            # config/model.py, auto-fit
         kv_cache_memory_bytes_flag=_since(v, False, ((0, 11, 0), True)),    # config/cache.py
         prefetch_offload=_since(v, False, ((0, 17, 0), True)),              # model_executor/offloader/prefetch.py
+        swap_space_flag=_since(v, True, ((0, 20, 0), False)),               # config/cache.py swap_space
+        lora_ranks=_since(v, (8, 16, 32, 64, 128, 256), ((0, 8, 0), (8, 16, 32, 64, 128, 256, 320, 512)),
+                          ((0, 11, 1), (1, 8, 16, 32, 64, 128, 256, 320, 512))),   # config/lora.py MaxLoRARanks
+        lora_extra_vocab=_since(v, True, ((0, 12, 0), False)),              # lora/layers/vocal_parallel_embedding.py
+        lora_wraps_moe=_since(v, False, ((0, 11, 1), True)),                # lora/layers/fused_moe.py
+        # models/*.py embedding_modules: the Llama family always; qwen3 and qwen3_moe from 0.16, qwen3_5 from 0.29
+        lora_embedding_model_types=_LORA_EMBEDDING_TYPES | _since(
+            v, frozenset(), ((0, 16, 0), frozenset({"qwen3", "qwen3_moe"})),
+            ((0, 29, 0), frozenset({"qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                                    "qwen3_5_moe_text"}))),
+        lora_graph_cases=_since(v, 1, ((0, 11, 1), 2)),                     # v1/cudagraph_dispatcher.py lora_cases
+        lora_in_weights=_since(v, False, ((0, 8, 0), True)),                # worker/model_runner.py load_model
+        speculative_config_flag=_since(v, False, ((0, 8, 5), True)),        # engine/arg_utils.py (0.8.0: old flags)
+        v1_draft_model=_since(v, False, ((0, 15, 0), True)),                # v1/spec_decode/draft_model.py
+        mtp_shares_lm_head=_since(v, False, ((0, 16, 0), True)),            # spec_decode _maybe_share_lm_head
+        # gpu_model_runner._dummy_sampler_run: [N, V] random logits (0.8.5), [2N, V] with the bonus rows' logprobs
+        # (0.11.1); model runner V2 (the default for every model from 0.29) warms up no rejection sampler
+        rejection_warmup=_since(v, "none", ((0, 8, 5), "early"), ((0, 11, 1), "late"), ((0, 29, 0), "none")),
+        mamba_spec_blocks=_since(v, False, ((0, 10, 2), True)),             # MambaSpec.num_speculative_blocks
+        graph_sizes_scale_with_spec=_since(v, False, ((0, 13, 0), True)),   # config/vllm.py _set_cudagraph_sizes
+        kv_offloading_flags=_since(v, False, ((0, 12, 0), True)),           # config/cache.py kv_offloading_size
         requested_rounds_up=_since(v, False, ((0, 14, 0), True)),           # v1/worker/utils.request_memory
         free_memory_check=_since(v, False, ((0, 9, 0), True)),              # gpu_worker.init_device
         cuda_graphs_in_budget=_since(v, False, ((0, 20, 0), True)),         # envs.py ESTIMATE_CUDAGRAPHS
