@@ -24,7 +24,12 @@ def engine_config(flags: dict | None) -> EngineConfig:
     config = EngineConfig.from_flags(flags)
     spec = config.speculative
     if spec and spec.method == "draft_model" and spec.model:   # the draft model's shapes, from the catalog
-        config = replace(config, speculative=replace(spec, draft=resolve_model(spec.model)))
+        try:
+            draft = resolve_model(spec.model)
+        except UsageError:
+            raise UsageError(f"the draft model {spec.model} of --speculative-config is not in the offline catalog: "
+                             "name a catalog model of the same shape (oomguard plan --list-models)") from None
+        config = replace(config, speculative=replace(spec, draft=draft))
     return config
 
 
