@@ -117,8 +117,8 @@ def observations(records: list[dict]) -> list[Observation]:
         version, engine = ve
         tp, pp = r.get("tensor_parallel_size") or 1, r.get("pipeline_parallel_size") or 1
         gpu = _gpu(r)
+        link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
         if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # no model needed: layout, version, GPU
-            link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
             names = GROUPS["non_torch"][1]
             obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
                 lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc), names),)))
@@ -129,7 +129,7 @@ def observations(records: list[dict]) -> list[Observation]:
             names = GROUPS["start_used"][1]
             used = r["gpu_total_memory_gib"] - r["gpu_free_at_start_gib"]
             obs.append(Observation(r["id"], "start_used", used, (linearize(
-                lambda c: profile.start_used_bytes(engine, version, tp * pp, c), names),)))
+                lambda c: profile.start_used_bytes(engine, version, tp * pp, c, link), names),)))
         if engine != "v1":  # the activation and graph shapes are V1's (sampler dummy run, graph pool)
             continue
         try:

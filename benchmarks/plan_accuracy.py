@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from oomguard.engines.vllm import profile  # noqa: E402
+from oomguard.engines.vllm.flags import ENGINE_DESTS  # noqa: E402
 from oomguard.engines.vllm.memory import EngineConfig, predict  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: E402
@@ -42,6 +43,11 @@ ALL_DATA = (DEFAULT_DATA, ROOT.parent / "shared" / "data" / "batch2" / "vllm_sta
             *sorted((ROOT / "benchmarks" / "data" / "startup_logs").glob("*.jsonl")))
 INFERRED_VERSIONS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_versions.json"
 INFERRED_GPUS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_gpus.json"
+# LoRA, speculative-decoding, multimodal and offloading settings each record's log showed (features.json's _about)
+FEATURES = ROOT / "benchmarks" / "data" / "startup_logs" / "features.json"
+FEATURE_FIELDS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
+                  "speculative_config", "limit_mm_per_prompt", "mm_processor_kwargs", "skip_mm_profiling",
+                  "swap_space_gib", "kv_offloading", "mm_encoder_budget_tokens", "mm_profiled_items")
 # coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
 BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib",
                  "non_torch_single_gib": "non_torch_single_early_gib",
@@ -88,6 +94,24 @@ def model_answered(r: dict) -> bool:
     return bool(mid) and (catalog_entry(mid) is not None or resolve_by_name(mid) is not None)
 
 
+def feature_flags(r: dict) -> dict:
+    """A record's feature settings as vLLM flag dests."""
+    flags = {k: r[k] for k in ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
+                               "speculative_config", "limit_mm_per_prompt", "mm_processor_kwargs",
+                               "skip_mm_profiling") if r.get(k) is not None}
+    if r.get("swap_space_gib") is not None:
+        flags["swap_space"] = float(r["swap_space_gib"])
+    return flags
+
+
+def features(r: dict) -> tuple[str, ...]:
+    """Which of LoRA, speculative decoding, multimodal inputs and offloading a record's log shows."""
+    shown = {"LoRA": r.get("enable_lora"), "speculative decoding": r.get("speculative_config"),
+             "multimodal": "vlm" in (r.get("arch_tags") or []) or r.get("mm_encoder_budget_tokens"),
+             "offloading": r.get("swap_space_gib") or r.get("kv_offloading") or r.get("num_cpu_blocks")}
+    return tuple(name for name, on in shown.items() if on)
+
+
 def record_inputs(r: dict):
     """Planner inputs from what the log showed (no measured memory figure is used as an input)."""
     if not r.get("vllm_version"):
@@ -126,6 +150,11 @@ def record_inputs(r: dict):
         quantization=quant if quant in _QUANT_WORDS else None,
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
+    try:   # the LoRA, speculative-decoding, multimodal and swap flags the log showed, as vLLM's flags
+        cfg = EngineConfig.from_flags({**{k: v for k, v in vars(cfg).items() if k in ENGINE_DESTS},
+                                       **feature_flags(r)})
+    except UsageError as exc:
+        raise LookupError(f"its settings are refused by the planner: {exc}") from exc
     model = from_catalog(model_id(r)) if catalog_entry(model_id(r)) else resolve_by_name(model_id(r))
     if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
         cfg = replace(cfg, quantization=None)
@@ -168,6 +197,7 @@ def load_records(paths, date_versions: bool = True) -> list[dict]:
     """Every record of the files, with a dated version where the log printed none (marked `version_inferred`)."""
     inferred = json.loads(INFERRED_VERSIONS.read_text()) if date_versions and INFERRED_VERSIONS.is_file() else {}
     gpus = json.loads(INFERRED_GPUS.read_text()) if INFERRED_GPUS.is_file() else {}
+    features = json.loads(FEATURES.read_text()) if FEATURES.is_file() else {}
     records = []
     for path in paths:
         if not Path(path).is_file():
@@ -179,6 +209,7 @@ def load_records(paths, date_versions: bool = True) -> list[dict]:
                     r = {**r, "vllm_version": inferred[r["id"]]["version"], "version_inferred": inferred[r["id"]]["why"]}
                 if r["id"] in gpus:
                     r = {**r, "gpu_model": gpus[r["id"]]["gpu_model"], "gpu_inferred": gpus[r["id"]]["why"]}
+                r = {**features.get(r["id"], {}), **r}
                 records.append(r)
     return records
 
@@ -371,7 +402,8 @@ def generalisation(records: list[dict], cases: list[Case]) -> dict:
               "static": kv_row([c for c in cases if c.predicted], "static")}
     return {"bands": rows, "pooled": pooled,
             "gpu_class": {k: kv_row(v) for k, v in groups(cases, gpu_class).items()},
-            "architecture": {k: kv_row(v) for k, v in groups(cases, lambda r: r.get("arch_class")).items()}}
+            "architecture": {k: kv_row(v) for k, v in groups(cases, lambda r: r.get("arch_class")).items()},
+            "feature": {k: kv_row(v) for k, v in groups(cases, lambda r: " + ".join(features(r)) or "none").items()}}
 
 
 def print_generalisation(g: dict) -> None:
@@ -386,7 +418,7 @@ def print_generalisation(g: dict) -> None:
     for name, row in list(g["bands"].items()) + [("all", g["pooled"])]:
         print(f"| {name} | {row['in_sample']['n']} | {cells(row['in_sample'])} | {cells(row['held_out'])} | "
               f"{cells(row['static'])} |")
-    for title in ("gpu_class", "architecture"):
+    for title in ("gpu_class", "architecture", "feature"):
         print(f"\n| {title.replace('_', ' ')} | records | in-sample KV median / p90 GiB | verdicts |")
         print("|---|---|---|---|")
         for name, row in g[title].items():

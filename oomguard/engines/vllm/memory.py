@@ -502,7 +502,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         model.attention_chunk_size and rel.chunked_local_disables_hybrid)
     num_reqs = min(seqs, tokens)
     in_budget = engine == "v1" and rel.cuda_graphs_in_budget
-    start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients)
+    start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients, gpu.interconnect)
     free_at_start = total - start_used if free_memory_bytes is None else free_memory_bytes
     if free_memory_bytes is not None:
         start_used = total - free_memory_bytes
@@ -617,6 +617,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
     warmup_margin = sum(profile.ESTIMATE_P90_GIB[k] for k in ("activation_peak", "non_torch", "cuda_graph")) * GiB
+    if gpu.vendor != "nvidia":
+        # the fitted figures come from NVIDIA startups: a ROCm device's context and HIP-graph pool are not measured,
+        # so the context the prediction holds back may be anywhere from none to all of it
+        warmup_margin += coefficients.context_gib * GiB
     if (error is None and engine == "v1" and rel.free_memory_check and gpu.unified_memory and free_memory_bytes is None
             and requested > gpu.free_at_start_low_bytes):
         risks.append(f"the start-up free-memory check: {_gib(requested)} GiB requested, while as little as "

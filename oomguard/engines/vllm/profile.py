@@ -169,11 +169,13 @@ def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileC
 
 
 def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int,
-                     c: ProfileCoefficients = COEFFICIENTS) -> int:
+                     c: ProfileCoefficients = COEFFICIENTS, interconnect: str = "nvlink") -> int:
     """GPU memory already in use when vLLM takes its initial snapshot (what the free-memory check sees)."""
     gib = c.context_gib
     if engine == "v1" and release(version).nccl_before_snapshot and world_size > 1:
-        gib += c.nccl_init_gib  # Worker.init_device initialises NCCL before MemorySnapshot from 0.11
+        # Worker.init_device initialises NCCL before MemorySnapshot from 0.11: its device buffers over NVLink (the
+        # fitted figure, H100s); over PCIe NCCL keeps them in host memory
+        gib += c.nccl_init_gib if interconnect != "pcie" else PCIE_NCCL_GIB
     return int(gib * GiB)
 
 
