@@ -98,14 +98,20 @@ def test_eagle_head_adds_one_attention_layer_of_the_targets_shape():
 
 
 def test_ngram_has_no_gpu_drafter_but_warms_up_the_rejection_sampler_where_v1_does():
-    """gpu_model_runner._dummy_sampler_run (0.11.1-0.28): [2N, V] random logits after the sampler; model runner V2
-    (0.29+) runs none."""
+    """gpu_model_runner._dummy_sampler_run (model runner V1, 0.11.1+): [2N, V] random logits after the sampler; model
+    runner V2 runs none: every model's default from 0.29 (config/vllm.py use_v2_model_runner) once it takes n-gram
+    speculation (0.32), Llama's already in 0.24 with EAGLE."""
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
     base, spec = plan(), plan(speculative_config=ngram)
     assert spec.first.weights_bytes == base.first.weights_bytes and spec.first.speculative_kv_bytes == 0
     assert spec.first.activation_peak_bytes > base.first.activation_peak_bytes
-    late_base, late = plan(version="0.29.0"), plan(version="0.29.0", speculative_config=ngram)
+    late_base, late = plan(version="0.32.0"), plan(version="0.32.0", speculative_config=ngram)
     assert late.first.activation_peak_bytes == late_base.first.activation_peak_bytes
+    v1 = plan(version="0.29.0", speculative_config=ngram)   # V2 does not take n-gram yet: back to V1
+    assert v1.first.activation_peak_bytes > plan(version="0.29.0").first.activation_peak_bytes
+    eagle = {"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}
+    assert plan(version="0.24.0", speculative_config=eagle).first.activation_peak_bytes == \
+        plan(version="0.24.0").first.activation_peak_bytes
 
 
 def test_draft_model_from_the_catalog_and_the_releases_that_run_it():

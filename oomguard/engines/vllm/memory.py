@@ -513,7 +513,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
         notes += drafter.notes
         warnings += drafter.warnings
-    rejection = spec_decode.rejection_warmup_bytes(rel, num_reqs, padded_vocab(model.vocab_size), act_bytes) \
+    rejection = spec_decode.rejection_warmup_bytes(rel, model, cfg.speculative.method, num_reqs,
+                                                   padded_vocab(model.vocab_size), act_bytes) \
         if drafter and engine == "v1" else 0
     graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability,
                                         1 + (drafter.tokens if drafter else 0))

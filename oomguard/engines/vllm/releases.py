@@ -74,7 +74,13 @@ class VllmRelease:
     speculative_config_flag: bool        # --speculative-config (else --speculative-model / --num-speculative-tokens)
     v1_draft_model: bool                 # V1 runs a separate draft model (DraftModelProposer)
     mtp_shares_lm_head: bool             # DeepSeek-style MTP layers reuse the target's lm_head
-    rejection_warmup: str                # "early", "late" or "none": the rejection sampler's dummy run
+    rejection_warmup: str                # "early", "late" or "none": model runner V1's rejection-sampler dummy run
+    # --- model runner V2 (config/vllm.py VllmConfig.use_v2_model_runner): the default for some models ---
+    v2_runner_archs: frozenset[str]      # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+    v2_runner_plain_only: bool           # ... and only unquantized dense ones (0.22-0.23)
+    v2_runner_dense: bool                # any model neither MoE nor hybrid (0.25+)
+    v2_runner_everywhere: bool           # every model (0.29+)
+    v2_spec_methods: frozenset[str]      # speculative methods V2 runs (others fall back to V1)
     mamba_spec_blocks: bool              # a hybrid keeps 1 + k recurrent-state pages a request
     graph_sizes_scale_with_spec: bool    # capture sizes up to max_num_seqs x (1 + k) x 2
     kv_offloading_flags: bool            # --kv-offloading-size / --kv-offloading-backend
@@ -215,7 +221,22 @@ def release(version: Version) -> VllmRelease:
         mtp_shares_lm_head=_since(v, False, ((0, 16, 0), True)),            # spec_decode _maybe_share_lm_head
         # gpu_model_runner._dummy_sampler_run: [N, V] random logits (0.8.5), [2N, V] with the bonus rows' logprobs
         # (0.11.1); model runner V2 (the default for every model from 0.29) warms up no rejection sampler
-        rejection_warmup=_since(v, "none", ((0, 8, 5), "early"), ((0, 11, 1), "late"), ((0, 29, 0), "none")),
+        rejection_warmup=_since(v, "none", ((0, 8, 5), "early"), ((0, 11, 1), "late")),
+        v2_runner_archs=_since(v, frozenset(), ((0, 22, 0), frozenset({"Qwen3ForCausalLM"})),
+                               ((0, 24, 0), frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM",
+                                                       "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+                                                       "LlamaForCausalLM", "MistralForCausalLM"})),
+                               ((0, 25, 0), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                                       "GraniteMoeForCausalLM"}))),
+        v2_runner_plain_only=(0, 22, 0) <= v < (0, 24, 0),
+        v2_runner_dense=_since(v, False, ((0, 25, 0), True)),
+        v2_runner_everywhere=_since(v, False, ((0, 29, 0), True)),
+        # _get_v2_model_runner_unsupported_features: the speculative methods V2 takes
+        v2_spec_methods=_since(v, frozenset(), ((0, 22, 0), frozenset({"eagle", "eagle3", "mtp"})),
+                               ((0, 25, 0), frozenset({"eagle", "eagle3", "mtp", "dflash"})),
+                               ((0, 31, 0), frozenset({"eagle", "eagle3", "mtp", "dflash", "draft_model"})),
+                               ((0, 32, 0), frozenset({"eagle", "eagle3", "mtp", "dflash", "draft_model", "ngram",
+                                                       "ngram_gpu"}))),
         mamba_spec_blocks=_since(v, False, ((0, 10, 2), True)),             # MambaSpec.num_speculative_blocks
         graph_sizes_scale_with_spec=_since(v, False, ((0, 13, 0), True)),   # config/vllm.py _set_cudagraph_sizes
         kv_offloading_flags=_since(v, False, ((0, 12, 0), True)),           # config/cache.py kv_offloading_size

@@ -8,7 +8,8 @@
 - KV cache: the drafter's attention layers register beside the target's (get_kv_cache_spec), so every block is
   wider and fewer fit. A hybrid target keeps 1 + k recurrent-state pages a request (MambaSpec.num_speculative_blocks).
 - Profile run: after the sampler warm-up, _dummy_sampler_run warms the rejection sampler over [num_reqs, vocab]
-  logits (model runner V1, 0.8.5 to 0.28; model runner V2, the default for every model from 0.29, has no such run).
+  logits (model runner V1 from 0.8.5; model runner V2, the default for more models from 0.22 and for every model from
+  0.29, has no such run).
 - CUDA graphs: capture sizes reach max_num_seqs x (1 + k) x 2 tokens from 0.13 (config/vllm.py _set_cudagraph_sizes).
 """
 
@@ -168,9 +169,24 @@ def drafter(spec: SpeculativeConfig, model: ModelSpec, rel: VllmRelease, par: Pa
         f"speculative method {method} is not modelled: its weights and KV cache are not counted here",))
 
 
-def rejection_warmup_bytes(rel: VllmRelease, num_reqs: int, vocab: int, logits_bytes: int) -> int:
+def runs_model_runner_v2(model: ModelSpec, rel: VllmRelease, method: str) -> bool:
+    """Whether vLLM runs this model on model runner V2 (config/vllm.py VllmConfig.use_v2_model_runner and
+    _is_default_v2_model_runner_model), which warms up no rejection sampler."""
+    if method not in rel.v2_spec_methods:
+        return False   # _get_v2_model_runner_unsupported_features: back to V1
+    if rel.v2_runner_everywhere:
+        return True
+    if model.architecture in rel.v2_runner_archs:
+        return not rel.v2_runner_plain_only or (model.moe is None and model.quant is None)
+    return rel.v2_runner_dense and model.moe is None and model.recurrent is None
+
+
+def rejection_warmup_bytes(rel: VllmRelease, model: ModelSpec, method: str, num_reqs: int, vocab: int,
+                           logits_bytes: int) -> int:
     """Peak of the rejection sampler's warm-up (gpu_model_runner._dummy_sampler_run with a speculative config): random
     target logits and their float32 probabilities over [num_reqs, vocab]; from 0.11.1 [2 x num_reqs, vocab] random
-    logits, the bonus rows' full logprobs and float32 target probabilities. 0 where the release runs none."""
+    logits, the bonus rows' full logprobs and float32 target probabilities. 0 where the release or runner runs none."""
+    if runs_model_runner_v2(model, rel, method):
+        return 0
     per_logit = {"early": logits_bytes + 8, "late": 3 * logits_bytes + 16}.get(rel.rejection_warmup, 0)
     return num_reqs * vocab * per_logit
