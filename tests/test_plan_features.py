@@ -177,3 +177,26 @@ def test_bad_feature_flags_get_one_line_and_exit_2(flag, value):
     r = oomguard("plan", LLAMA, "--gpu", "h100", flag, value)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+
+
+# --- diagnose knows them ----------------------------------------------------------------------------------------
+
+def test_diagnose_fixes_name_the_feature_that_takes_the_memory(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "INFO 06-01 10:00:01 [api_server.py:1043] vLLM API server version 0.9.2\n"
+        "INFO 06-01 10:00:01 [cli_args.py:325] non-default args: {'model': 'meta-llama/Llama-3.1-8B-Instruct', "
+        "'max_model_len': 131072, 'enable_lora': True, 'max_loras': 8, 'max_lora_rank': 64, 'swap_space': 16.0, "
+        "'speculative_config': {'method': 'eagle3', 'model': 'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B', "
+        "'num_speculative_tokens': 3}}\n"
+        "ERROR 06-01 10:00:31 [core.py:515] ValueError: To serve at least one request with the models's max seq len "
+        "(131072), (16.00 GiB KV cache is needed, which is larger than the available KV cache memory (3.20 GiB). "
+        "Based on the available memory, the estimated maximum model length is 26208. Try increasing "
+        "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.\n")
+    r = oomguard("diagnose", str(log), "--json")
+    assert r.returncode != 0 or r.stdout, r.stderr
+    finding = json.loads(r.stdout)["findings"][0]
+    flags = [f.get("flag") for f in finding["fixes"]]
+    assert flags[0] == "--max-model-len"
+    assert "--max-loras" in flags and "--speculative-config" in flags
+    assert "adds no GPU KV capacity" in finding["summary"]

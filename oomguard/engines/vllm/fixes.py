@@ -7,6 +7,7 @@ diagnose/rules.py ranks the findings; llama.cpp's fixes live in engines/llamacpp
 
 from __future__ import annotations
 
+import json
 import math
 
 from oomguard.failures import FailureClass, Fix, Hits
@@ -533,8 +534,54 @@ BUILDERS = {
 }
 
 
+_MEMORY = {FailureClass.KV_CACHE_TOO_SMALL, FailureClass.NO_CACHE_BLOCKS, FailureClass.OOM_PROFILING_OR_GRAPH,
+           FailureClass.OOM_RUNTIME, FailureClass.OOM_WEIGHTS_LOAD}
+
+
+def feature_fixes(facts: dict) -> tuple[list[Fix], str]:
+    """What the log's LoRA, speculative-decoding, multimodal and swap settings cost, as fixes, and a note when a
+    setting cannot help (engines/vllm/lora.py, speculative.py, offload.py size them)."""
+    args = facts.get("non_default_args") or {}
+    fixes: list[Fix] = []
+    note = ""
+    if args.get("enable_lora"):
+        loras, rank = args.get("max_loras") or 1, args.get("max_lora_rank") or 16
+        if loras > 1:
+            fixes.append(Fix(f"every GPU preallocates max_loras ({loras}) adapter slots in each layer",
+                             "--max-loras", max(1, loras // 2)))
+        elif rank > 8:
+            fixes.append(Fix(f"the adapter slots are max_lora_rank ({rank}) wide in every layer", "--max-lora-rank",
+                             max(8, rank // 2)))
+    spec = args.get("speculative_config")
+    if isinstance(spec, dict):
+        k = spec.get("num_speculative_tokens")
+        if spec.get("method") not in ("ngram", "suffix") and k:
+            lighter = {**spec, "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4}
+            lighter.pop("model", None)
+            fixes.append(Fix("the drafter's weights and attention layers share the GPU with the target; n-gram "
+                             "speculation needs neither", "--speculative-config",
+                             json.dumps(lighter, separators=(",", ":"))))
+        fixes.append(Fix("speculative decoding's drafter and its rejection-sampler warm-up take memory the target "
+                         "could use", action="drop --speculative-config if the KV cache matters more than latency"))
+    limits = args.get("limit_mm_per_prompt")
+    if isinstance(limits, dict) and any((v.get("count", 1) if isinstance(v, dict) else v) > 1
+                                        for v in limits.values()):
+        fixes.append(Fix("vLLM profiles the vision encoder with the most items a prompt may carry",
+                         "--limit-mm-per-prompt", json.dumps({k: 1 for k in limits}, separators=(",", ":"))))
+    if args.get("swap_space"):
+        note = (" --swap-space is CPU memory for preempted requests: raising it adds no GPU KV capacity.")
+    return fixes, note
+
+
 def build(cls: FailureClass, n: dict, facts: dict, hits: Hits | None, why: str = "") -> tuple[str, list[Fix]]:
     """The cause and the fixes for one finding."""
     builder = BUILDERS.get(cls)
-    return builder(n, facts, hits, why) if builder else ("Unrecognised failure.", [])
+    if builder is None:
+        return "Unrecognised failure.", []
+    cause, fixes = builder(n, facts, hits, why)
+    if cls in _MEMORY:
+        extra, note = feature_fixes(facts)
+        fixes = fixes[:1] + extra + fixes[1:]
+        cause += note
+    return cause, fixes
 
