@@ -200,3 +200,13 @@ def test_diagnose_fixes_name_the_feature_that_takes_the_memory(tmp_path):
     assert flags[0] == "--max-model-len"
     assert "--max-loras" in flags and "--speculative-config" in flags
     assert "adds no GPU KV capacity" in finding["summary"]
+
+
+def test_a_failing_plan_names_fewer_lora_slots_or_ngram_speculation_when_that_starts():
+    r = oomguard("plan", "Qwen/Qwen3-8B", "--gpu", "l4", "--max-model-len", "32768", "--vllm-version", "0.19.0",
+                 "--speculative-config", '{"model": "Qwen/Qwen3-1.7B", "num_speculative_tokens": 4}', "--json")
+    assert r.returncode == 1, r.stderr
+    nearest = json.loads(r.stdout)["nearest_start"]
+    assert nearest["changes"]["speculative_config"]["method"] == "ngram"
+    assert nearest["max_model_len"] == 32768 and nearest["verdict"] == "starts"
+    assert "Qwen3-1.7B" not in nearest["command"]

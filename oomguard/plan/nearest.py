@@ -1,7 +1,8 @@
 """When a plan fails: the nearest configuration that starts, found by planning changes one at a time, then two.
 
 Changes are tried from the least to the most intrusive: use more of the GPUs given (a larger tensor-parallel size),
-ask for more of the GPU, a float8 KV cache, the context vLLM estimates it can hold, float8 weights, fewer sequences
+ask for more of the GPU, a float8 KV cache, fewer or narrower LoRA slots, n-gram speculation instead of a drafter on
+the GPU, the context vLLM estimates it can hold, float8 weights, fewer sequences
 at once, eager mode (no CUDA graphs), and less of the GPU when other processes hold part of it. Every candidate is
 planned by the same memory model; nothing here is a rule of thumb.
 """
@@ -43,6 +44,15 @@ def _moves(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, report: MemoryRepo
         moves.append({"gpu_memory_utilization": 0.95})
     if cfg.kv_cache_dtype == "auto":
         moves.append({"kv_cache_dtype": "fp8"})
+    if cfg.lora and cfg.lora.max_loras > 1:          # fewer adapter slots in every layer
+        moves.append({"max_loras": cfg.lora.max_loras // 2})
+    if cfg.lora and cfg.lora.max_lora_rank > 8:
+        moves.append({"max_lora_rank": cfg.lora.max_lora_rank // 2})
+    spec = cfg.speculative
+    if spec and spec.method not in ("ngram", "suffix", "ngram_gpu") and report.first.speculative_weights_bytes:
+        # speculation without a drafter on the GPU: n-gram lookup over the prompt
+        moves.append({"speculative_config": {"method": "ngram", "num_speculative_tokens": spec.num_speculative_tokens
+                                             or 2, "prompt_lookup_max": 4}})
     if report.estimated_max_model_len:   # vLLM's estimate sits on the limit; a round length below it has margin
         rounded = report.estimated_max_model_len * 95 // 100 // 1024 * 1024
         moves += [{"max_model_len": n} for n in (rounded, report.estimated_max_model_len) if n > 0]
@@ -58,6 +68,20 @@ def _moves(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, report: MemoryRepo
     return moves
 
 
+def _apply(cfg: EngineConfig, changes: dict) -> EngineConfig:
+    """cfg with `changes` (vLLM dests, the feature flags among them) applied."""
+    from oomguard.engines.vllm.flags import FEATURE_DESTS
+    plain = {k: v for k, v in changes.items() if k not in FEATURE_DESTS}
+    if len(plain) == len(changes):
+        return replace(cfg, **changes)
+    flags = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f not in ("lora", "speculative", "offload",
+                                                                                "feature_flags")}
+    tried = EngineConfig.from_flags({**flags, **cfg.feature_flags, **changes})
+    if "speculative_config" not in changes and cfg.speculative:
+        tried = replace(tried, speculative=cfg.speculative)   # the draft model's config, loaded once
+    return tried
+
+
 def nearest_start(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version, gpu_count: int,
                   report: MemoryReport, free_memory_bytes: int | None = None) -> NearestStart | None:
     """The first configuration, in the order above, with which vLLM starts (and is not at risk); None if no single
@@ -70,7 +94,7 @@ def nearest_start(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Ve
             changes = {k: v for move in combo for k, v in move.items()}
             if len(changes) < sum(len(m) for m in combo):
                 continue   # two values for one setting
-            tried = replace(cfg, **changes)
+            tried = _apply(cfg, changes)
             used = tried.tensor_parallel_size * tried.pipeline_parallel_size * tried.data_parallel_size
             try:
                 result = predict(model, gpu, tried, version, gpu_count=max(gpu_count, used),

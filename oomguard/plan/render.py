@@ -79,7 +79,8 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
         console.print(f"[dim]not memory-relevant or not modelled (kept in the command below): {' '.join(ignored)}[/]")
     if nearest is not None:
         n = data["nearest_start"]
-        change = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in n["changes"].items())
+        change = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" '{json.dumps(v)}'" if isinstance(v, dict)
+                                                         else f" {v}") for k, v in n["changes"].items())
         console.print(f"[bold]Nearest configuration that starts:[/] {change} (KV cache {n['kv_cache_gib']} GiB, "
                       f"{n['kv_cache_tokens']:,} tokens, {n['max_concurrency']}x requests of "
                       f"{n['max_model_len']:,} tokens)\n  {n['command']}")
