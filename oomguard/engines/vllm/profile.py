@@ -55,18 +55,18 @@ class ProfileCoefficients:
     non_torch_tp_gib: float = 2.11             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
     non_torch_tp_early_gib: float = 0.545     # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
-    non_torch_v0_gib: float = 0.196           # V0 worker.py accounting (0.7-0.10)
+    non_torch_v0_gib: float = 0.107           # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.476             # CUDA-graph pool, fixed part
+    graph_base_gib: float = 0.474             # CUDA-graph pool, fixed part
     graph_per_layer_gib: float = 0.0139       # per decoder layer on the rank, at the default capture sizes
     graph_per_layer_tp_gib: float = 0.0       # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 1.74         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.275         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_moe_gib_per_m: float = 1.75         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.267         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
     graph_est_per_layer_gib: float = 0.0171
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 1.13
+    graph_est_moe_gib_per_m: float = 1.16
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -78,7 +78,7 @@ SOURCE_PRIORS = {"forward_bytes_per_hidden": 0.0, "forward_bytes_per_inter": 3.0
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.11, "cuda_graph": 0.27, "cuda_graph_estimate": 0.28}
+ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.10, "cuda_graph": 0.28, "cuda_graph_estimate": 0.29}
 
 
 def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
