@@ -11,8 +11,9 @@ from oomguard.failures import FailureClass
 from oomguard.units import GiB
 
 # (label, colour) of each slice of the bar, in the order vLLM fills the GPU
-_SLICES = (("in use before vLLM", "grey50"), ("weights", "blue"), ("non-torch", "yellow"), ("graphs", "cyan"),
-           ("KV cache", "green"), ("warm-up peak", "magenta"), ("free", "grey23"))
+_SLICES = (("in use before vLLM", "grey50"), ("weights", "blue"), ("LoRA slots", "bright_blue"),
+           ("drafter", "purple"), ("non-torch", "yellow"), ("graphs", "cyan"), ("KV cache", "green"),
+           ("drafter KV", "dark_green"), ("warm-up peak", "magenta"), ("free", "grey23"))
 
 
 def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
@@ -23,9 +24,14 @@ def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
     kv = max(report.num_gpu_blocks * w.bytes_per_block, 0)
     free = max(report.headroom_bytes, 0)
     held = report.start_used_bytes + w.weights_bytes + w.non_torch_bytes + w.cuda_graph_bytes + kv
-    return [("in use before vLLM", report.start_used_bytes), ("weights", w.weights_bytes),
-            ("non-torch", w.non_torch_bytes), ("graphs", w.cuda_graph_bytes), ("KV cache", kv),
-            ("warm-up peak", max(report.total_memory_bytes - held - free, 0)), ("free", free)]
+    slices = [("in use before vLLM", report.start_used_bytes),
+              ("weights", w.weights_bytes - w.lora_bytes - w.speculative_weights_bytes), ("LoRA slots", w.lora_bytes),
+              ("drafter", w.speculative_weights_bytes), ("non-torch", w.non_torch_bytes),
+              ("graphs", w.cuda_graph_bytes), ("KV cache", kv - w.speculative_kv_bytes),
+              ("drafter KV", w.speculative_kv_bytes),
+              ("warm-up peak", max(report.total_memory_bytes - held - free, 0)), ("free", free)]
+    # LoRA and the drafter show only where used
+    return [(label, size) for label, size in slices if size or label not in ("LoRA slots", "drafter", "drafter KV")]
 
 
 def _bar(report: MemoryReport, width: int = 60):
