@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import time
-from dataclasses import replace
 
 import aiohttp
 import pytest

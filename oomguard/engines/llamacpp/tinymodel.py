@@ -81,7 +81,7 @@ def _read_tokenizer(vocab: Path) -> list[tuple[str, object, object, object]]:
 
 def write_tiny_gguf(path: str | os.PathLike, vocab: str | os.PathLike, config: TinyConfig = DEFAULT) -> Path:
     """Write the tiny model to `path` (atomically) and return it."""
-    from gguf import GGUFWriter, GGUFValueType
+    from gguf import GGUFWriter
 
     path, vocab = Path(path), Path(vocab)
     tokenizer = _read_tokenizer(vocab)
