@@ -34,10 +34,7 @@ class LoraConfig:
     @classmethod
     def from_flags(cls, flags: dict) -> LoraConfig | None:
         if not flags.get("enable_lora"):
-            loose = [k for k in ("max_loras", "max_lora_rank", "fully_sharded_loras") if flags.get(k)]
-            if loose:
-                raise UsageError(f"--{loose[0].replace('_', '-')} takes effect only with --enable-lora: add it")
-            return None
+            return None   # vLLM ignores the sizes without --enable-lora (ignored_flags says so)
         config = cls(flags.get("max_loras", DEFAULT_MAX_LORAS), flags.get("max_lora_rank", DEFAULT_MAX_LORA_RANK),
                      bool(flags.get("fully_sharded_loras")), flags.get("lora_extra_vocab_size"),
                      flags.get("lora_dtype"), flags.get("max_cpu_loras"))
@@ -47,6 +44,14 @@ class LoraConfig:
             # vllm/config/lora.py LoRAConfig.__post_init__
             raise UsageError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras ({config.max_loras})")
         return config
+
+
+def ignored_flags(flags: dict) -> list[str]:
+    """LoRA sizes given without --enable-lora: vLLM accepts and ignores them."""
+    if flags.get("enable_lora"):
+        return []
+    return [f"--{k.replace('_', '-')}" for k in ("max_loras", "max_lora_rank", "fully_sharded_loras", "max_cpu_loras",
+                                                 "lora_extra_vocab_size", "lora_dtype") if flags.get(k)]
 
 
 def check(cfg: LoraConfig, rel: VllmRelease, tp: int) -> None:

@@ -507,6 +507,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if free_memory_bytes is not None:
         start_used = total - free_memory_bytes
     offload_left = int(cfg.cpu_offload_gb * GiB)
+    if loose := lora_slots.ignored_flags(cfg.feature_flags):
+        notes.append(f"{', '.join(loose)} without --enable-lora: vLLM ignores them (no adapter slots)")
     drafter = None
     if cfg.speculative:
         spec_decode.check(cfg.speculative, model, rel, engine, tp)
