@@ -169,11 +169,34 @@ class MambaMixerSpec:
 
 @dataclass(frozen=True)
 class VisionSpec:
-    """A vision tower, counted for its weights only (kept unquantized in the model dtype)."""
+    """A vision tower: its weights (kept unquantized in the model dtype) and, for the profile run's encoder pass
+    (engines/vllm/multimodal.py), its shape as vision_config and the checkpoint's top-level fields give it.
+    A shape field left at 0 / empty is not in the config."""
 
     params: int
     note: str
     replicated: bool = False          # whole on every TP rank (a transformers module vLLM wraps, e.g. Gemma 4's)
+    family: str = ""                  # the checkpoint's top-level model_type (qwen2_5_vl, gemma3, llava, mllama, ...)
+    encoder: str = ""                 # vision_config.model_type (siglip_vision_model, clip_vision_model, pixtral, ...)
+    depth: int = 0                    # encoder blocks (Mllama: local and global layers)
+    hidden: int = 0                   # the encoder's width
+    intermediate: int = 0             # its MLP width
+    gated: bool = False               # gate and up projections (SiLU / SwiGLU MLP), else up only
+    patch_size: int = 0
+    image_size: int = 0               # a fixed input (tile) resolution; 0 for dynamic-resolution towers (Qwen, Kimi)
+    channels: int = 3
+    temporal_patch: int = 1           # frames per patch (Qwen: 2)
+    spatial_merge: int = 1            # patches merged per side into one output token (Qwen, Mistral 3, Kimi: 2)
+    out_width: int = 0                # width of one output row (the LM's hidden size; Qwen3-VL x (1 + deepstack))
+    text_type: str = ""               # the language model's model_type (InternVL takes video with some)
+    downsample_ratio: float = 1.0     # pixel shuffle (InternVL downsample_ratio, Llama 4 pixel_shuffle_ratio)
+    max_tiles: int = 0                # InternVL max_dynamic_patch, Mllama max_num_tiles
+    thumbnail: bool = False           # InternVL use_thumbnail: a whole-image tile beside the crops
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()   # LLaVA-NeXT image_grid_pinpoints (height, width)
+    feature_select: str = "default"   # LLaVA vision_feature_select_strategy ("default" drops CLS)
+    tokens_per_image: int = 0         # a fixed soft-token count per image (Gemma 3 mm_tokens_per_image, Gemma 4)
+    pooling: int = 1                  # patches pooled per side into one token (Gemma 4 pooling_kernel_size)
+    kept_layers: int = 0              # hidden states kept to the end (Mllama intermediate_layers_indices)
 
 
 @dataclass(frozen=True)
@@ -535,7 +558,43 @@ def _vision_spec(cfg: dict) -> VisionSpec | None:
         params += hidden * merge * merge * out_hidden + out_hidden * out_hidden  # projector / patch merger
     extra = _int(vc, "num_global_layers", default=0) or 0  # Mllama's global encoder layers
     params += extra * block
-    return VisionSpec(params=params, note=f"vision tower estimated from vision_config ({depth} blocks of width {hidden})")
+    note = f"vision tower estimated from vision_config ({depth} blocks of width {hidden})"
+    return VisionSpec(params=params, note=note, **_vision_shape(cfg, vc, depth + extra, hidden, inter, gated, patch,
+                                                                channels, temporal, out_hidden))
+
+
+def _vision_shape(cfg: dict, vc: dict, depth: int, hidden: int, inter: int, gated: bool, patch: int, channels: int,
+                  temporal: int, out_hidden: int) -> dict:
+    """The tower's shape for its profile-run pass (VisionSpec's shape fields), from vision_config and the
+    top-level fields each family's vLLM model file reads (qwen2_vl.py, qwen3_vl.py, gemma3_mm.py, llava.py,
+    llava_next.py, mistral3.py, internvl.py, kimi_vl.py, mllama.py, mllama4.py)."""
+    family = str(cfg.get("model_type") or "")
+    text = cfg.get("text_config") or cfg.get("llm_config") or {}
+    merge = _int(vc, "spatial_merge_size") or _int(cfg, "spatial_merge_size") or 1
+    if vc.get("model_type") == "moonvit":
+        merge = math.isqrt(math.prod(vc.get("merge_kernel_size") or [1]))
+    deepstack = vc.get("deepstack_visual_indexes") if family.startswith(("qwen3_vl", "qwen3_5")) else None
+    if "text_config" not in cfg and isinstance(text, dict) and _int(text, "hidden_size"):
+        out_hidden = _int(text, "hidden_size")   # InternVL's llm_config: mlp1 projects to the LM's width
+    width = out_hidden * (1 + len(deepstack)) if isinstance(deepstack, list) else out_hidden
+    pinpoints = cfg.get("image_grid_pinpoints")
+    pinpoints = tuple((int(h), int(w)) for h, w in pinpoints) if isinstance(pinpoints, list) and all(
+        isinstance(p, list) and len(p) == 2 for p in pinpoints) else ()
+    ratio = cfg.get("downsample_ratio", vc.get("pixel_shuffle_ratio", 1.0))
+    kept = vc.get("intermediate_layers_indices")
+    return dict(
+        family=family, encoder=str(vc.get("model_type") or ""), depth=depth, hidden=hidden, intermediate=inter,
+        gated=gated, patch_size=patch,
+        image_size=_int(vc, "image_size", default=0) or _int(cfg, "force_image_size", default=0) or 0,
+        channels=channels, temporal_patch=temporal, spatial_merge=merge, out_width=width,
+        text_type=str(text.get("model_type") or "") if isinstance(text, dict) else "",
+        downsample_ratio=float(ratio) if isinstance(ratio, (int, float)) else 1.0,
+        max_tiles=_int(cfg, "max_dynamic_patch", default=0) or _int(vc, "max_num_tiles", default=0) or 0,
+        thumbnail=bool(cfg.get("use_thumbnail", False)), grid_pinpoints=pinpoints,
+        feature_select=str(cfg.get("vision_feature_select_strategy") or "default"),
+        tokens_per_image=_int(cfg, "mm_tokens_per_image", "vision_soft_tokens_per_image", default=0) or 0,
+        pooling=_int(vc, "pooling_kernel_size", default=1) or 1,
+        kept_layers=len(kept) if isinstance(kept, list) else 0)
 
 
 # Fields a published config.json may leave out because transformers' config class supplies them; vLLM reads the
@@ -789,7 +848,15 @@ def _gemma4_towers(top: dict, text_hidden: int) -> VisionSpec | None:
         parts.append(f"audio tower of {a['num_hidden_layers']} conformer blocks of width {h}")
     if not parts:
         return None
-    return VisionSpec(params=params, note=" and ".join(parts) + " (transformers' Gemma 4 towers)", replicated=True)
+    shape = {}
+    if isinstance(vc, dict):   # Gemma4VisionEncoderLayer: a gated MLP; vision_soft_tokens_per_image pooled tokens
+        shape = dict(family="gemma4", encoder="gemma4_vision", depth=v["num_hidden_layers"], hidden=v["hidden_size"],
+                     intermediate=v["intermediate_size"], gated=True, patch_size=v["patch_size"],
+                     out_width=text_hidden, pooling=_int(vc, "pooling_kernel_size", default=3) or 3,
+                     tokens_per_image=_int(top, "vision_soft_tokens_per_image", default=0) or
+                     _int(vc, "default_output_length", default=0) or 0)
+    return VisionSpec(params=params, note=" and ".join(parts) + " (transformers' Gemma 4 towers)", replicated=True,
+                      **shape)
 
 
 def _check_modelled(model_id: str, model_type: str, top_type: str, architecture: str) -> None:

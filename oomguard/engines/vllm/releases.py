@@ -143,6 +143,27 @@ class VllmRelease:
     auto_dtype_avoids_bf16: bool         # dtype auto serves bfloat16 checkpoints in float16 below 8.0, with a warning
     fp8_min_capability: int              # quantization/fp8.py get_min_capability (x 10): Marlin weight-only below 8.9
     rocm_archs: frozenset[str]           # the gfx targets vLLM's ROCm install docs list
+    # --- multimodal profiling (v1/worker/gpu_model_runner.py profile_run, v1/core/encoder_cache_manager.py,
+    #     multimodal/registry.py, the model files; read by engines/vllm/multimodal.py) ---
+    mm_default_limit: int                # items per prompt of a modality --limit-mm-per-prompt leaves out (V1; V0: 1)
+    mm_counts_are_limits: bool           # max tokens per item and the dummy computed with the limits as item counts
+    mm_encoder_budget_fixed: int | None  # the encoder budget hard-coded (else max(max_num_batched_tokens, T))
+    mm_items_rule: str                   # N items profiled: "fixed" budget // T, "ceil" cdiv, "floor" max(1, //),
+                                         # "per_prompt" (MultiModalBudget.get_max_items: max_items_per_prompt too)
+    mm_dummy_seq_len: str                # seq_len the encoded dummy is built for: "batched", "max_tokens", "model_len"
+    mm_contiguous_tokens: bool           # T counts the whole placeholder (break / boi / eoi tokens), not embeddings
+    mm_pad_outputs: str                  # dummy outputs padded: "none", "budget" (to the encoder budget), "item" (to T)
+    mm_inputs_model_dtype: bool          # dummy pixel inputs cast to the model dtype (else as the processor made them)
+    mm_tiebreak_by_name: bool            # equal T: the later modality name wins (else the first listed)
+    skip_mm_profiling_flag: bool         # --skip-mm-profiling exists
+    mrv2_default_for_vl: str             # VL models on Model Runner V2 by default: "never", "dense", "all"
+    mrv2_profiles_encoder: bool          # Model Runner V2's profile_run runs the encoder (else LM only)
+    qwen_vl_max_frames: int              # qwen2_vl.py _MAX_FRAMES_PER_VIDEO (Qwen2-VL / Qwen2.5-VL video T)
+    qwen_vl_factorized_size: bool        # largest image = max_pixels factorized (else smart_resize of 9999999^2)
+    qwen_video_frames_after_images: bool  # video frames from seq_len minus the images' tokens
+    qwen3_vl_video_rule: str             # "frames_x12.5", "frames" (by seq_len, <= 24576), "two_frames"
+    internvl_video_text_types: frozenset[str]  # InternVL takes video with these language models
+    mllama_runs: bool                    # Llama 3.2 Vision (mllama.py, V0 only) is still served
     # --- error texts (v1/core/kv_cache_utils.py, v1/worker/utils.py, engine/arg_utils.py) ---
     gib_rounded: bool                    # format_gib (round to 2) instead of "%.2f"
     docs_link_in_errors: bool
@@ -320,6 +341,42 @@ def release(version: Version) -> VllmRelease:
                                                   "gfx1201"})),
                           ((0, 14, 0), frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200",
                                                   "gfx1201", "gfx1150", "gfx1151"}))),
+        # multimodal/registry.py init_mm_limits_per_prompt (.get(key, 1)) to 0.8.0; config MultiModalConfig
+        # .get_limit_per_prompt "999 if envs.VLLM_USE_V1 else 1" from 0.8.5 (the 0.8.1-0.8.4 wheels unread), 999 in
+        # config/multimodal.py from 0.12 (no V0 left)
+        mm_default_limit=_since(v, 1, ((0, 8, 5), 999)),
+        mm_counts_are_limits=_since(v, True, ((0, 8, 5), False)),        # registry.get_max_tokens_per_item_by_modality
+        mm_encoder_budget_fixed=_since(v, 16384, ((0, 7, 3), None)),     # config.py SchedulerConfig (0.6.6), ECM
+        # gpu_model_runner.profile_run: min(budget, cache) // T (0.6.6), cdiv (0.7.3-0.9.2), max(1, //) (0.10.0);
+        # v1/worker/utils.py MultiModalBudget.get_max_items (0.10.1-0.15), multimodal/encoder_budget.py (0.16+)
+        mm_items_rule=_since(v, "fixed", ((0, 7, 3), "ceil"), ((0, 10, 0), "floor"), ((0, 10, 1), "per_prompt")),
+        # gpu_model_runner: dummy_data_for_profiling / get_decoder_dummy_data(seq_len=self.max_num_tokens) to
+        # 0.9.2, seq_len=max_tokens_per_mm_item in 0.10.0, _get_mm_dummy_batch max_num_tokens 0.10.1-0.10.2,
+        # max_model_len from 0.11.0
+        mm_dummy_seq_len=_since(v, "batched", ((0, 10, 0), "max_tokens"), ((0, 10, 1), "batched"),
+                                ((0, 11, 0), "model_len")),
+        mm_contiguous_tokens=(0, 10, 1) <= v < (0, 13, 0),               # registry get_mm_max_contiguous_tokens
+        # gpu_model_runner.profile_run: output.new_zeros((encoder_budget, ...)) 0.11.0-0.11.2, to
+        # max_mm_tokens_per_item in 0.12.0, no expansion before or after
+        mm_pad_outputs=_since(v, "none", ((0, 11, 0), "budget"), ((0, 12, 0), "item"), ((0, 13, 0), "none")),
+        mm_inputs_model_dtype=(0, 9, 0) <= v < (0, 9, 1),                 # MultiModalKwargs.as_kwargs(dtype=...)
+        mm_tiebreak_by_name=_since(v, False, ((0, 17, 0), True)),        # encoder_budget.py key=(x[1], x[0])
+        skip_mm_profiling_flag=_since(v, False, ((0, 10, 1), True)),      # config MultiModalConfig.skip_mm_profiling
+        # config/vllm.py _is_default_v2_model_runner_model: "or not model_config.is_moe" (not hybrid) from 0.25;
+        # use_v2_model_runner for every model from 0.29
+        mrv2_default_for_vl=_since(v, "never", ((0, 25, 0), "dense"), ((0, 29, 0), "all")),
+        mrv2_profiles_encoder=_since(v, False, ((0, 27, 0), True)),      # gpu/mm/encoder_runner.profile_encoder_cache
+        # models/qwen2_vl.py: one grid in 0.6.6 (get_max_qwen2_vl_mm_tokens), then _MAX_FRAMES_PER_VIDEO
+        qwen_vl_max_frames=_since(v, 1, ((0, 7, 3), 16), ((0, 11, 0), 14)),
+        qwen_vl_factorized_size=_since(v, False, ((0, 13, 0), True)),    # qwen2_vl.py closest_factor_pair
+        qwen_video_frames_after_images=_since(v, True, ((0, 10, 2), False)),  # qwen2_vl get_num_frames_with_most_...
+        # models/qwen3_vl.py get_max_video_tokens: frames by seq_len times 12.5 (timestamp text) 0.11-0.12, without it
+        # 0.13-0.14, two frames of video_processor longest_edge / temporal_patch_size from 0.15
+        qwen3_vl_video_rule=_since(v, "frames_x12.5", ((0, 13, 0), "frames"), ((0, 15, 0), "two_frames")),
+        # models/internvl.py ctx_video_token / supports_video
+        internvl_video_text_types=_since(v, frozenset(), ((0, 9, 0), frozenset({"qwen2"})),
+                                         ((0, 10, 2), frozenset({"qwen2", "qwen3", "qwen3_moe", "gpt_oss"}))),
+        mllama_runs=_since(v, True, ((0, 11, 0), False)),                # registry.py: Mllama last in 0.10.2
         gib_rounded=_since(v, False, ((0, 14, 0), True)),                   # utils format_gib
         docs_link_in_errors=_since(v, False, ((0, 13, 0), True)),
         cpu_backend_wording=_since(v, False, ((0, 22, 0), True)),
