@@ -210,3 +210,22 @@ def test_a_failing_plan_names_fewer_lora_slots_or_ngram_speculation_when_that_st
     assert nearest["changes"]["speculative_config"]["method"] == "ngram"
     assert nearest["max_model_len"] == 32768 and nearest["verdict"] == "starts"
     assert "Qwen3-1.7B" not in nearest["command"]
+
+
+# --- multimodal -------------------------------------------------------------------------------------------------
+
+def test_the_vision_encoders_profile_enters_the_activation_peak_and_the_limits_change_it():
+    """gpu_model_runner.profile_run: the encoder runs over the dummy images first and its outputs stay in the encoder
+    cache through the language model's dummy forward (engines/vllm/multimodal.py)."""
+    model = "Qwen/Qwen2.5-VL-7B-Instruct"
+    full = plan(model, "0.19.0", max_model_len=32768)
+    assert full.first.encoder_cache_bytes > 0
+    assert any("vision encoder" in n for n in full.assumptions)
+    text_only = plan(model, "0.19.0", max_model_len=32768, limit_mm_per_prompt={"image": 0, "video": 0})
+    assert text_only.first.encoder_cache_bytes == 0
+    assert text_only.first.activation_peak_bytes < full.first.activation_peak_bytes
+    small = plan(model, "0.19.0", max_model_len=32768, mm_processor_kwargs={"max_pixels": 1003520})
+    assert small.first.activation_peak_bytes < full.first.activation_peak_bytes
+    skipped = plan(model, "0.19.0", max_model_len=32768, skip_mm_profiling=True)
+    assert skipped.first.encoder_cache_bytes == 0 and skipped.kv_cache_bytes > full.kv_cache_bytes
+    assert full.to_dict()["encoder_cache_gib"] > 0 and plan().to_dict()["encoder_cache_gib"] == 0

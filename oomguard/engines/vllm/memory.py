@@ -20,6 +20,7 @@ from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSp
                                       kv_cache_tokens, max_concurrency, num_blocks)
 from oomguard.engines.vllm import lora as lora_slots
 from oomguard.engines.vllm.lora import LoraConfig
+from oomguard.engines.vllm.multimodal import MultimodalConfig, encoder_profile
 from oomguard.engines.vllm.offload import OffloadConfig, host_memory
 from oomguard.engines.vllm import speculative as spec_decode
 from oomguard.engines.vllm.speculative import SpeculativeConfig
@@ -66,6 +67,7 @@ class EngineConfig:
     usage_context: str = "serve"              # "serve" (vllm serve) or "llm" (the LLM class)
     lora: LoraConfig | None = None            # --enable-lora and its sizes
     speculative: SpeculativeConfig | None = None  # --speculative-config (or the older separate flags)
+    multimodal: MultimodalConfig | None = None    # --limit-mm-per-prompt, --mm-processor-kwargs, --skip-mm-profiling
     offload: OffloadConfig | None = None      # --swap-space, --kv-offloading-*, an offloading KV connector
     feature_flags: dict = field(default_factory=dict)   # the flags the typed configs above came from, as given
 
@@ -76,7 +78,8 @@ class EngineConfig:
         given = {k: v for k, v in flags.items() if k in FEATURE_DESTS}
         plain = {k: v for k, v in flags.items() if k not in FEATURE_DESTS}
         return cls(**plain, lora=LoraConfig.from_flags(given), speculative=SpeculativeConfig.from_flags(given),
-                   offload=OffloadConfig.from_flags(given), feature_flags=given)
+                   multimodal=MultimodalConfig.from_flags(given), offload=OffloadConfig.from_flags(given),
+                   feature_flags=given)
 
 
 @dataclass(frozen=True)
@@ -525,6 +528,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         graph_shape = replace(graph_shape, captures=graph_shape.captures * lora_slots.graph_capture_factor(cfg.lora,
                                                                                                            rel))
     kv_given = cfg.kv_cache_memory_bytes is not None and engine == "v1" and rel.kv_cache_memory_bytes_flag
+    # the vision encoder's part of the profile run, on the first pipeline stage (gpu_model_runner.profile_run)
+    encoder = encoder_profile(model_q, cfg.multimodal, version, engine, max_len, seqs, tokens, act_bytes, tp)
+    if encoder:
+        notes += encoder.notes
 
     workers: list[WorkerMemory] = []
     layouts: list[KvLayout] = []
@@ -542,6 +549,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
                                                    stage == pp - 1, act_bytes, version, gpu.multiprocessors,
                                                    coefficients, engine, rejection_bytes=rejection)
+        held = 0
+        if encoder and stage == 0 and encoder.profiled:
+            activation = int(encoder.activation_peak(activation))
+            held = encoder.held_bytes
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability)
         if rel.lora_in_weights:   # allocated inside load_model's profiler: "Model loading took" includes them
@@ -564,7 +575,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         blocks_here = num_blocks(layout, int(available))
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
                                     int(available), blocks_here, layout.bytes_per_block, lora_bytes=adapters,
-                                    speculative_weights_bytes=draft_weights,
+                                    speculative_weights_bytes=draft_weights, encoder_cache_bytes=held,
                                     speculative_kv_bytes=blocks_here * sum(s.page_size_bytes for s in draft_specs)))
 
     blocks = min(w.num_blocks for w in workers)

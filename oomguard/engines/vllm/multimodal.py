@@ -749,13 +749,14 @@ def _v0_profile(model: ModelSpec, vis: VisionSpec, rel: VllmRelease, mm: Multimo
     modality = max(shapes, key=lambda m: shapes[m].tokens)
     width = vis.out_width or model.hidden_size
     per_position = _per_position_bytes(vis, act_bytes, tp)
-    outputs = pixels = positions = 0
+    outputs = pixels = positions = widest = 0
     dummy_tokens = 0
     for m, d in dummies.items():
         n = seqs * counts[m]
         outputs += n * d.embeds * width * act_bytes
         pixels += n * d.pixel_elems * (act_bytes if rel.mm_inputs_model_dtype else PIXEL_BYTES)
         positions += n * d.patches
+        widest = max(widest, n * d.patches)   # each modality goes through the tower in its own call
         dummy_tokens += counts[m] * d.tokens
     lm_tokens = None
     if not enc_dec and dummy_tokens > seq_len:   # the prompt grows to hold the placeholders
@@ -774,7 +775,7 @@ def _v0_profile(model: ModelSpec, vis: VisionSpec, rel: VllmRelease, mm: Multimo
                      "shrinks this profile.")
     return EncoderProfile(modality=modality, tokens_per_item=shapes[modality].tokens, items=items,
                           budget_tokens=seqs * sum(counts[m] * d.tokens for m, d in dummies.items()),
-                          held_bytes=outputs + pixels, encoder_peak_bytes=pixels + outputs + positions * per_position,
+                          held_bytes=outputs + pixels, encoder_peak_bytes=pixels + outputs + widest * per_position,
                           profiled=True, notes=tuple(notes), embeds_per_item=dummies[modality].embeds,
                           patches_per_item=dummies[modality].patches, runner="v0",
                           estimated=any(s.estimated for s in shapes.values()), lm_dummy_tokens=lm_tokens)
