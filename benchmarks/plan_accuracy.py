@@ -336,7 +336,9 @@ def print_table(summary: dict) -> None:
 
 def gpu_class(record: dict) -> str:
     name = str(record.get("gpu_model") or "").lower()
-    return "consumer/workstation" if any(w in name for w in ("geforce", "rtx", "radeon", "titan")) else "data-centre"
+    if any(w in name for w in ("amd", "radeon", "instinct")):
+        return "AMD (ROCm)"
+    return "consumer/workstation" if any(w in name for w in ("geforce", "rtx", "titan")) else "data-centre"
 
 
 def groups(cases: list[Case], key) -> dict[str, list[Case]]:
