@@ -705,6 +705,13 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         "requested memory minus the figures above", "kv_cache_tokens": "exact arithmetic from the KV budget",
         "num_gpu_blocks": "exact arithmetic from the KV budget", "max_concurrency": "exact arithmetic from the blocks",
         "total_memory_gib": "GPU catalog (what CUDA reports)" if free_memory_bytes is None else "measured free memory",
+        "lora_gib": "exact arithmetic from the LoRA flags and config.json (create_lora_weights' stacks)",
+        "speculative_weights_gib": "exact arithmetic for a draft model or MTP layers from config.json; an EAGLE head "
+                                   "estimated from the target's shapes",
+        "speculative_kv_gib": "exact arithmetic: the drafter's attention layers' share of every KV block",
+        "encoder_cache_gib": "exact arithmetic from the processor's largest item and the release's item count; the "
+                             "encoder's own activations estimated from its shapes",
+        "host_memory_gib": "exact arithmetic from --swap-space / --kv-offloading-size / the connector's settings",
     }
     resolved = {
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": cfg.data_parallel_size,
