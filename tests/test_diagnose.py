@@ -535,3 +535,19 @@ def test_startup_facts_are_frozen_and_later_sources_make_new_ones():
     with pytest.raises(TypeError):
         facts.values["x"] = 1
     assert facts.with_(x=1)["x"] == 1 and "x" not in facts
+
+
+@pytest.mark.parametrize("text", [
+    "panic: runtime error: invalid memory address or nil pointer dereference\n[signal SIGSEGV: segmentation violation]",
+    "Error: llama runner process has terminated: signal: aborted (core dumped)",
+    "Error: llama runner process has terminated: exit status 0xc0000409",
+])
+def test_a_runner_crash_with_no_allocation_failure_is_an_engine_bug(text):
+    """A Go panic (Ollama) or a runner that aborted is the engine's crash, not a configuration limit."""
+    assert top(text)[0].cls.value == "engine_bug"
+
+
+def test_an_allocation_failure_before_the_runner_aborts_is_the_cause():
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of "
+            "memory\nError: llama runner process has terminated: signal: aborted (core dumped)")
+    assert top(text)[0].cls.value.startswith("oom")

@@ -243,6 +243,20 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The software itself asks for a bug report."),
     Signature("bug.this_is_a_bug", C.ENGINE_BUG, "this is a bug", 0.6, "generic", kind="bug",
               cause="The software itself calls this a bug."),
+    # a Go engine (Ollama) and the runners it starts: a runtime panic, or a runner that aborted with no allocation
+    # failure before it (an out-of-memory text outranks these)
+    Signature("go.nil_pointer", C.ENGINE_BUG, "invalid memory address or nil pointer dereference", 0.78,
+              "Go runtime (runtime/panic.go)", kind="bug",
+              cause="The engine's Go code dereferenced a nil pointer: a crash inside the engine, not a limit of the "
+                    "configuration; upgrade it, or report the crash with the model and the request."),
+    Signature("go.panic", C.ENGINE_BUG, "panic: runtime error", 0.7, "Go runtime (runtime/panic.go)", kind="bug",
+              cause="The engine's Go code panicked: a crash inside the engine."),
+    Signature("runner.aborted", C.ENGINE_BUG, "signal: aborted", 0.65, "Go os/exec (the runner's SIGABRT)", kind="bug",
+              cause="The model runner aborted (an assertion inside llama.cpp/ggml) with no allocation failure "
+                    "before it: most often a model newer than the runner; upgrade the engine."),
+    Signature("runner.stack_overrun", C.ENGINE_BUG, "0xc0000409", 0.65, "Windows (STATUS_STACK_BUFFER_OVERRUN)",
+              kind="bug", cause="The model runner crashed (Windows' fail-fast code for an abort inside it) with no "
+                                "allocation failure before it: most often a model newer than the runner; upgrade."),
     Signature("py.assertion", C.ENGINE_BUG, "assertionerror", 0.55, "Python assert", kind="bug",
               cause="An internal assertion failed."),
     Signature("py.not_implemented", C.ENGINE_BUG, "notimplementederror", 0.5, "Python", kind="bug",
