@@ -551,3 +551,17 @@ def test_an_allocation_failure_before_the_runner_aborts_is_the_cause():
     text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc failed: out of "
             "memory\nError: llama runner process has terminated: signal: aborted (core dumped)")
     assert top(text)[0].cls.value.startswith("oom")
+
+
+@pytest.mark.parametrize("text,cls", [
+    ("Couldn't connect to Ollama at http://127.0.0.1:11434", "connection"),
+    ("httpx.HTTPStatusError: Client error '404 Not Found' for url 'https://example.org/api/v1//chat/completions'",
+     "connection"),
+    ('{"error":{"message":"404 page not found","code":404}}', "connection"),
+    ("trl.extras.vllm_client - Server is not up yet. Retrying in 2.0 seconds...", "connection"),
+    ("We got an http response from the proxy which shouldn't be requested.", "connection"),
+    ("requests.exceptions.HTTPError: 404 Client Error: Not Found for url: https://huggingface.co/org/m/resolve/main/"
+     "config.json", "model_access"),
+])
+def test_client_side_failures_name_the_route_or_the_reachability(text, cls):
+    assert top(text)[0].cls.value == cls

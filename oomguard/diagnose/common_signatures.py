@@ -84,6 +84,10 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The Hugging Face hub refused the request (401: no or invalid token)."),
     Signature("hf.403", C.MODEL_ACCESS, "403 client error", 0.85, "requests/huggingface_hub HTTP 403",
               cause="The Hugging Face hub refused the request (403: no access)."),
+    Signature("hf.404", C.MODEL_ACCESS, "404 client error", 0.9, "requests/huggingface_hub HTTP 404", require=True,
+              pattern=r"404 Client Error.*(?:huggingface\.co|hf\.co)/(?P<path>\S*)",
+              cause="The hub has no such file or repository ({path}): check the model id, its revision, and that "
+                    "the repository holds the file."),
     Signature("hf.invalid_token", C.MODEL_ACCESS, "invalid username or password", 0.9, "huggingface_hub",
               cause="The Hugging Face token is invalid."),
     Signature("hf.repo_not_found", C.MODEL_ACCESS, "repositorynotfounderror", 0.95, "huggingface_hub/errors.py",
@@ -191,6 +195,27 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("http.no_v1", C.CONNECTION, "://", 0.75, "OpenAI-compatible routes (/v1/...)", require=True,
               pattern=r"https?:/*[\w.\-\[\]]+(?::\d+)?/(?:chat/)?completions\b",
               cause="The client calls /completions without the /v1 prefix the server's OpenAI routes use."),
+    Signature("http.double_slash", C.CONNECTION, "//", 0.8, "OpenAI-compatible routes (/v1/...)", require=True,
+              pattern=r"[\w\]](?::\d+)?(?:/[\w.\-]+)*//(?:chat/)?completions\b",
+              cause="The base URL ends in '/' and the client appends '/chat/completions': the doubled slash is a path "
+                    "the server does not route (404). Drop the trailing slash."),
+    Signature("http.404", C.CONNECTION, "404 not found", 0.55, "HTTP 404 (any server)",
+              cause="The server answered 404: the route the client calls does not exist there (a base URL without "
+                    "/v1, a doubled slash, another API's paths)."),
+    Signature("http.go_404", C.CONNECTION, "404 page not found", 0.65, "Go net/http NotFound (Ollama and other Go "
+              "servers)", cause="The server has no such route: check the base URL and which API the client speaks "
+                                "(OpenAI's /v1/chat/completions, Ollama's /api/chat)."),
+    Signature("client.cannot_connect", C.CONNECTION, "connect to", 0.75, "clients' own words", require=True,
+              pattern=r"(?:could ?n[o']?t|can'?t|cannot|unable to|failed to) connect to\s*(?P<target>\S*)",
+              cause="The client could not reach the server {target}: it is not running, listens elsewhere, or a "
+                    "container cannot see that host (host.docker.internal needs --add-host on Linux)."),
+    Signature("trl.not_up", C.CONNECTION, "server is not up yet", 0.7, "trl/extras/vllm_client.py",
+              cause="The client polls a vLLM server that does not answer: it is still loading, failed to start, or "
+                    "listens on another host or port than the client's."),
+    Signature("http.via_proxy", C.CONNECTION, "proxy", 0.55, "clients behind HTTP_PROXY", require=True,
+              pattern=r"(?:from|through|via|use) the (?:local |corporate |http )?proxy",
+              cause="The request went through an HTTP proxy instead of straight to the server: add the server's "
+                    "host to NO_PROXY (localhost, 127.0.0.1) or unset HTTP_PROXY/HTTPS_PROXY."),
     Signature("http.api_key_hint", C.CONNECTION, "api key", 0.45, "OpenAI clients", kind="hint",
               cause="The client's API key setting is involved."),
     Signature("http.addr_in_use", C.CONNECTION, "address already in use", 0.8, "EADDRINUSE",
