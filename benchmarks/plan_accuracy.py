@@ -112,6 +112,16 @@ def features(r: dict) -> tuple[str, ...]:
     return tuple(name for name, on in shown.items() if on)
 
 
+def shared_gpu_free_bytes(r: dict, gpu) -> int | None:
+    """What a user of a GPU other processes share would pass as --free-memory: the free memory the log printed at
+    start, where it shows more than a GiB held beyond vLLM's own context and NCCL buffers (else None: an idle GPU)."""
+    free, total = r.get("gpu_free_at_start_gib"), r.get("gpu_total_memory_gib")
+    if not free or not total or gpu.unified_memory:
+        return None
+    own = profile.start_used_bytes("v1", (0, 19, 0), 2) / GiB   # the most vLLM itself holds at that point
+    return int(free * GiB) if total - free > own + 1.0 else None
+
+
 def record_inputs(r: dict):
     """Planner inputs from what the log showed (no measured memory figure is used as an input)."""
     if not r.get("vllm_version"):
@@ -232,7 +242,8 @@ def run_records(records: list[dict], coefficients: profile.ProfileCoefficients =
         case = Case(record)
         try:
             model, gpu, cfg, version, gpus, engine = record_inputs(case.record)
-            report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine, coefficients=coefficients)
+            report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine, coefficients=coefficients,
+                             free_memory_bytes=shared_gpu_free_bytes(case.record, gpu))
         except LookupError as exc:
             case.skip = str(exc)
         except UsageError as exc:
