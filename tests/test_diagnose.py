@@ -565,3 +565,12 @@ def test_an_allocation_failure_before_the_runner_aborts_is_the_cause():
 ])
 def test_client_side_failures_name_the_route_or_the_reachability(text, cls):
     assert top(text)[0].cls.value == cls
+
+
+def test_an_oom_logged_by_a_request_handler_happened_while_serving():
+    """vLLM's log prefix names the module that logged the error; entrypoints/openai/serving_*.py run per request."""
+    text = ("ERROR 03-01 10:00:00 [serving_completion.py:120]   File \"/x/vllm/model_executor/layers/activation.py\", "
+            "line 81, in forward_cuda\n"
+            "ERROR 03-01 10:00:00 [serving_completion.py:120] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 1.15 GiB.")
+    assert top(text)[0].cls.value == "oom_runtime"

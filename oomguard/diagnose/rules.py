@@ -9,6 +9,8 @@ and a generic internal assertion next to a specific configuration error, are ran
 
 from __future__ import annotations
 
+import re
+
 from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
@@ -52,6 +54,10 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
         return FailureClass.OOM_WEIGHTS_LOAD, 0.88, "the traceback is in model loading"
+    logged_by = _SERVING_LOGGER.search(event.text)
+    if logged_by:   # vLLM's log prefix names the module that logged the error: a request handler
+        return FailureClass.OOM_RUNTIME, 0.82, f"vLLM's request handler ({logged_by.group(1)}) logged it: it happened " \
+                                               "while serving a request"
     order = PHASES
     phase = event.phase
     if not restarted and order.index(final_phase) > order.index(phase):
@@ -87,6 +93,11 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
     if total and self_gib and self_gib >= 0.8 * total:
         return FailureClass.OOM_RUNTIME, 0.55, "the process already held most of the GPU"
     return FailureClass.OOM_RUNTIME, 0.5, "the log does not show where it happened"
+
+
+# the module in a vLLM log line's prefix ("ERROR 02-11 08:25:49 [serving_chat.py:661]"): the OpenAI server's request
+# handlers (entrypoints/openai/serving_*.py) run only while serving
+_SERVING_LOGGER = re.compile(r"(?:\[|\s)(serving_\w+\.py):\d+\]")
 
 
 # -- assembling ----------------------------------------------------------------------------------------------------
