@@ -341,3 +341,13 @@ def test_a_configuration_at_risk_is_not_recommended():
     edge = EngineConfig(max_model_len=34000, gpu_memory_utilization=0.9)      # at_risk on an L4 (test_plan_cli)
     c = evaluate(ckpt, resolve_gpu("l4"), 1, Workload(34000, 1), (0, 19, 0), edge, None)
     assert c.report.verdict == "at_risk" and not c.feasible and "may not start" in c.shortfall
+
+
+def test_eager_mode_is_explained_by_what_the_graphs_would_take():
+    r = oomguard("plan", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "l4", "--p99-tokens", "4096",
+                 "--peak-concurrency", "8", "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if "eager mode" in line]
+    if lines:   # eager chosen: its reason names the memory it frees, never "0.00 GiB"
+        assert "0.00 GiB" not in r.stdout.split("eager mode", 1)[1][:80]
+    assert "--enable-lora --max-loras 4 --max-lora-rank 64" in r.stdout

@@ -144,8 +144,10 @@ def explain(result: SearchResult, chosen: Candidate, workload: Workload, model: 
                     f"the profile run's activation peak ({report.first.activation_peak_bytes / GiB:.2f} GiB) "
                     "grows with it"))
     if config.enforce_eager:
-        why.append(("enforce_eager", "CUDA graph capture does not fit next to the KV cache; eager mode frees "
-                    f"{report.first.cuda_graph_bytes / GiB:.2f} GiB at the cost of slower decode"))
+        freed = f"frees the {chosen.graphs_freed_bytes / GiB:.2f} GiB CUDA graphs take" if chosen.graphs_freed_bytes \
+            else "frees the CUDA-graph memory"
+        why.append(("enforce_eager", f"CUDA graph capture does not fit next to the KV cache; eager mode {freed}, at "
+                    "the cost of slower decode"))
     return why
 
 

@@ -56,6 +56,7 @@ class Candidate:
     feasible: bool
     shortfall: str | None          # why it does not serve the workload
     reason: str = ""
+    graphs_freed_bytes: int = 0    # what eager mode took off the GPU, where the search turned it on
 
     @property
     def gpus(self) -> int:
@@ -269,8 +270,11 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
             # the CUDA-graph memory (in the KV budget from 0.20). Both cost speed, so only when they are needed.
             for change in ({"max_num_batched_tokens": SMALL_PREFILL_CHUNK}, {"enforce_eager": True}):
                 if not best.feasible and not any(k in fixed for k in change) and _may_relieve(best, change):
+                    graphs = best.report.first.cuda_graph_bytes
                     best = evaluate(ckpt, gpu, gpu_count, workload, version, replace(best.config, **change),
                                     free_memory_bytes)
+                    if "enforce_eager" in change:
+                        best = replace(best, graphs_freed_bytes=graphs)
                     evaluations += 1
             results.append(best)
 
