@@ -229,3 +229,14 @@ def test_the_vision_encoders_profile_enters_the_activation_peak_and_the_limits_c
     skipped = plan(model, "0.19.0", max_model_len=32768, skip_mm_profiling=True)
     assert skipped.first.encoder_cache_bytes == 0 and skipped.kv_cache_bytes > full.kv_cache_bytes
     assert full.to_dict()["encoder_cache_gib"] > 0 and plan().to_dict()["encoder_cache_gib"] == 0
+
+
+def test_a_gpu_outside_the_calibration_gets_a_wider_range_and_says_why():
+    """Every fitted figure comes from CUDA startups; under ROCm the attention backend moves the profile's memory."""
+    from oomguard.engines.vllm.profile import UNCALIBRATED_PLATFORM_GIB
+    amd = plan(gpu="AMD Radeon AI PRO R9700", version="0.13.0", max_model_len=4096)
+    nvidia = plan(gpu="rtx5090", version="0.13.0", max_model_len=4096)
+    width = lambda r: r.kv_cache_high_bytes - r.kv_cache_low_bytes
+    assert width(amd) - width(nvidia) == pytest.approx(2 * UNCALIBRATED_PLATFORM_GIB * 2**30, abs=2**20)
+    assert any("fitted on NVIDIA startups" in n for n in amd.assumptions)
+    assert not any("fitted on NVIDIA startups" in n for n in nvidia.assumptions)

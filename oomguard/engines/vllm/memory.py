@@ -631,10 +631,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
     warmup_margin = sum(profile.ESTIMATE_P90_GIB[k] for k in ("activation_peak", "non_torch", "cuda_graph")) * GiB
-    if gpu.vendor != "nvidia":
-        # the fitted figures come from NVIDIA startups: a ROCm device's context and HIP-graph pool are not measured,
-        # so the context the prediction holds back may be anywhere from none to all of it
-        warmup_margin += coefficients.context_gib * GiB
+    platform = profile.UNCALIBRATED_PLATFORM_GIB * GiB if gpu.vendor != "nvidia" else 0
+    warmup_margin += platform
+    if platform:
+        notes.append(f"the activation, non-torch and graph figures are fitted on NVIDIA startups; on {gpu.name} the "
+                     f"attention backend ROCm picks moves them by up to {profile.UNCALIBRATED_PLATFORM_GIB} GiB, so "
+                     "the KV range and the warm-up verdict allow for that much")
     if (error is None and engine == "v1" and rel.free_memory_check and gpu.unified_memory and free_memory_bytes is None
             and requested > gpu.free_at_start_low_bytes):
         risks.append(f"the start-up free-memory check: {_gib(requested)} GiB requested, while as little as "
@@ -667,7 +669,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # The range of the available KV memory: the fitted figures' residuals, and in releases that use FlashInfer's
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
     margin = 0 if kv_given else (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
-        + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB
+        + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB \
+        + platform
     kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
     if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1:
         with_flashinfer = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp,
@@ -699,7 +702,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         + (" (vision tower estimated)" if model.vision else ""),
         "activation_peak_gib": "estimate (the sampler warm-up from this release's code, the forward pass fitted to "
                                "real vLLM startup logs)", "non_torch_gib": estimate, "cuda_graph_gib": estimate,
-        "kv_cache_range_gib": "the fitted figures' 90th-percentile residuals (and FlashInfer's sampler, where the "
+        "kv_cache_range_gib": "the fitted figures' 90th-percentile residuals, widened on non-NVIDIA GPUs (and "
+                              "FlashInfer's sampler, where the "
                               "release uses it when installed)",
         "kv_cache_gib": "given (--kv-cache-memory-bytes)" if cfg.kv_cache_memory_bytes else
         "requested memory minus the figures above", "kv_cache_tokens": "exact arithmetic from the KV budget",
