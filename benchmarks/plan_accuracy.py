@@ -28,7 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from oomguard.engines.vllm import profile  # noqa: E402
-from oomguard.engines.vllm.flags import ENGINE_DESTS  # noqa: E402
 from oomguard.engines.vllm.memory import EngineConfig, predict  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: E402
@@ -161,8 +160,7 @@ def record_inputs(r: dict):
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
     try:   # the LoRA, speculative-decoding, multimodal and swap flags the log showed, as vLLM's flags
-        cfg = EngineConfig.from_flags({**{k: v for k, v in vars(cfg).items() if k in ENGINE_DESTS},
-                                       **feature_flags(r)})
+        cfg = cfg.with_flags(feature_flags(r))
     except UsageError as exc:
         raise LookupError(f"its settings are refused by the planner: {exc}") from exc
     model = from_catalog(model_id(r)) if catalog_entry(model_id(r)) else resolve_by_name(model_id(r))

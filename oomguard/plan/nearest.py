@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict
 from oomguard.engines.vllm.quantization import runs_on
@@ -68,20 +68,6 @@ def _moves(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, report: MemoryRepo
     return moves
 
 
-def _apply(cfg: EngineConfig, changes: dict) -> EngineConfig:
-    """cfg with `changes` (vLLM dests, the feature flags among them) applied."""
-    from oomguard.engines.vllm.flags import FEATURE_DESTS
-    plain = {k: v for k, v in changes.items() if k not in FEATURE_DESTS}
-    if len(plain) == len(changes):
-        return replace(cfg, **changes)
-    flags = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__ if f not in ("lora", "speculative", "offload",
-                                                                                "feature_flags")}
-    tried = EngineConfig.from_flags({**flags, **cfg.feature_flags, **changes})
-    if "speculative_config" not in changes and cfg.speculative:
-        tried = replace(tried, speculative=cfg.speculative)   # the draft model's config, loaded once
-    return tried
-
-
 def nearest_start(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version, gpu_count: int,
                   report: MemoryReport, free_memory_bytes: int | None = None) -> NearestStart | None:
     """The first configuration, in the order above, with which vLLM starts (and is not at risk); None if no single
@@ -94,7 +80,7 @@ def nearest_start(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Ve
             changes = {k: v for move in combo for k, v in move.items()}
             if len(changes) < sum(len(m) for m in combo):
                 continue   # two values for one setting
-            tried = _apply(cfg, changes)
+            tried = cfg.with_flags(changes)
             used = tried.tensor_parallel_size * tried.pipeline_parallel_size * tried.data_parallel_size
             try:
                 result = predict(model, gpu, tried, version, gpu_count=max(gpu_count, used),

@@ -12,10 +12,9 @@ at once, so nothing is preempted. Pure: no I/O; each evaluation is one `memory.p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from oomguard.engines.vllm import defaults
-from oomguard.engines.vllm.flags import ENGINE_DESTS
 from oomguard.engines.vllm.memory import EngineConfig, MemoryReport, predict
 from oomguard.engines.vllm.quantization import runs_on
 from oomguard.engines.vllm.releases import release
@@ -64,9 +63,7 @@ class Candidate:
 
     def command_flags(self) -> dict:
         """The vLLM settings worth writing down: what differs from EngineConfig's defaults (vLLM's), by dest."""
-        plain = {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)
-                 if f.name in ENGINE_DESTS and getattr(self.config, f.name) != f.default}
-        return {**plain, **self.config.feature_flags}   # LoRA, speculative, multimodal, offload flags as given
+        return self.config.flags(changed_only=True)
 
     def to_dict(self) -> dict:
         return {"model": self.checkpoint.model.model_id, "checkpoint": self.checkpoint.label,

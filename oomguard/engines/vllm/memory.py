@@ -11,10 +11,10 @@ Pure: no I/O. Every figure carries its provenance (exact arithmetic, fitted esti
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from oomguard.engines.vllm import defaults, messages, profile
-from oomguard.engines.vllm.flags import FEATURE_DESTS
+from oomguard.engines.vllm.flags import ENGINE_DESTS, FEATURE_DESTS
 from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
                                       MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
                                       kv_cache_tokens, max_concurrency, num_blocks)
@@ -80,6 +80,19 @@ class EngineConfig:
         return cls(**plain, lora=LoraConfig.from_flags(given), speculative=SpeculativeConfig.from_flags(given),
                    multimodal=MultimodalConfig.from_flags(given), offload=OffloadConfig.from_flags(given),
                    feature_flags=given)
+
+    def flags(self, changed_only: bool = False) -> dict:
+        """vLLM flag dests again (the feature flags as given); `changed_only`: those differing from vLLM's defaults."""
+        plain = {f.name: getattr(self, f.name) for f in fields(self) if f.name in ENGINE_DESTS
+                 and not (changed_only and getattr(self, f.name) == f.default)}
+        return {**plain, **self.feature_flags}
+
+    def with_flags(self, changes: dict) -> EngineConfig:
+        """This configuration with some flags changed (a draft model's loaded config kept unless its flag changes)."""
+        changed = EngineConfig.from_flags({**self.flags(), **changes})
+        if "speculative_config" not in changes and self.speculative:
+            changed = replace(changed, speculative=self.speculative)
+        return changed
 
 
 @dataclass(frozen=True)
