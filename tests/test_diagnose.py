@@ -574,3 +574,21 @@ def test_an_oom_logged_by_a_request_handler_happened_while_serving():
             "ERROR 03-01 10:00:00 [serving_completion.py:120] torch.OutOfMemoryError: CUDA out of memory. Tried to "
             "allocate 1.15 GiB.")
     assert top(text)[0].cls.value == "oom_runtime"
+
+
+@pytest.mark.parametrize("text,cls", [
+    # a paste that stops inside the OpenAI client's request: the request got no usable answer
+    ('Traceback (most recent call last):\n  File "/app/main.py", line 3, in <module>\n'
+     '  File "/usr/lib/python3.12/site-packages/openai/_base_client.py", line 1610, in _request\n    raise A',
+     "connection"),
+    # ggml aborts on any CUDA error with GGML_ASSERT(!"CUDA error"): the CUDA error is the cause
+    ('CUDA error: out of memory\n  current device: 0, in function ggml_cuda_pool_malloc_vmm at ggml-cuda.cu:7812\n'
+     'GGML_ASSERT: ggml-cuda.cu:241: !"CUDA error"', "oom_runtime"),
+    # the fallback warning alone is no failure (healthy T4 logs print it); with an unexplained error it is the lead
+    ("WARNING 11-12 17:39:28 [model.py:1682] Your device 'NVIDIA GeForce RTX 2080 Ti' (with compute capability 7.5) "
+     "doesn't support torch.bfloat16. Falling back to torch.float16 for compatibility.\nERROR 11-12 17:40:02 "
+     "[core.py:708] EngineCore failed to start.", "dtype_capability"),
+    ("after the crash the restarted server finds not enough free GPU memory and exits", "gpu_memory_in_use"),
+])
+def test_truncated_and_described_failures(text, cls):
+    assert top(text)[0].cls.value == cls

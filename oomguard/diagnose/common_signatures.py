@@ -27,6 +27,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("cublas.alloc", C.OOM_RUNTIME, "cublas_status_alloc_failed", 0.7, "cuBLAS", kind="oom"),
     Signature("cuda.oom_enum", C.OOM_RUNTIME, "cuda_error_out_of_memory", 0.75, "CUDA driver API", kind="oom"),
     # --- other processes / exclusive mode ---
+    Signature("prose.not_enough_free", C.GPU_MEMORY_IN_USE, "enough free", 0.55, "a person's words", require=True,
+              pattern=r"not enough free (?:gpu |vram |device )?memory",
+              cause="Another process (or a previous instance that has not exited) holds GPU memory."),
     Signature("cuda.busy", C.GPU_MEMORY_IN_USE, "all cuda-capable devices are busy or unavailable", 0.85,
               "CUDA runtime (cudaErrorDevicesUnavailable)",
               cause="The GPU is in exclusive-process mode and another process holds it."),
@@ -234,6 +237,11 @@ SIGNATURES: tuple[Signature, ...] = (
               "torch/cuda/__init__.py", cause="This PyTorch build does not support this GPU's compute capability."),
     Signature("triton.arch", C.DTYPE_CAPABILITY, "not supported in this architecture", 0.82, "triton",
               cause="A Triton kernel uses a data type this GPU does not support."),
+    Signature("bf16.fallback", C.DTYPE_CAPABILITY, "doesn't support torch.bfloat16", 0.5,
+              "vllm/config/model.py _resolve_auto_dtype (a warning)", kind="hint",
+              cause="The GPU has no bfloat16, so vLLM casts the model to float16; kernels that need bfloat16 (MXFP4 "
+                    "MoE, some attention backends) then fail. On a mixed box, pin the newer GPU with "
+                    "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=N."),
     Signature("bf16.generic", C.DTYPE_CAPABILITY, "bfloat16 is not supported", 0.75, "various", cause="This GPU "
               "has no bfloat16 support."),
     # --- quantized checkpoints vs loader ---

@@ -331,9 +331,12 @@ class Scanner:
     def _on_frame(self, text: str, process: str) -> None:
         match = _FRAME.search(text) or _WORKER_METHOD.search(text)
         if match:
-            self._frames_for(process).append(match.group("func"))
+            func = match.group("func")
+            if "file" in match.groupdict() and startup_log.HTTP_CLIENT_FILES.search(match.group("file")):
+                func = startup_log.HTTP_CLIENT_FRAME
+            self._frames_for(process).append(func)
             if process != "*":
-                self._frames_for("*").append(match.group("func"))
+                self._frames_for("*").append(func)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _process_key(self, text: str) -> str:

@@ -71,8 +71,10 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("llamacpp.arch", C.ENGINE_BUG, "unknown model architecture", 0.8, "src/llama-model-loader.cpp",
               engine="llamacpp", cause="This llama.cpp build does not know the GGUF's architecture: a newer build "
                                        "runs it."),
+    # ggml-cuda.cu aborts on any CUDA error with GGML_ASSERT(!"CUDA error"): the CUDA error line above it is the cause
     Signature("llamacpp.ggml_assert", C.ENGINE_BUG, "ggml_assert", 0.8, "ggml (GGML_ASSERT)", kind="bug",
-              engine="llamacpp", cause="An internal llama.cpp assertion failed."),
+              engine="llamacpp", require=True, pattern=r"GGML_ASSERT(?!.*!\s*\"CUDA error\")",
+              cause="An internal llama.cpp assertion failed."),
 )
 
 # startup lines (src/llama-model.cpp print_info, src/llama-context.cpp, tools/server/server.cpp)

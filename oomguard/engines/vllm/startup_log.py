@@ -148,6 +148,12 @@ RUNTIME_FRAMES = frozenset({
 })
 
 
+# a traceback frame inside an HTTP client library (the request never got a usable answer), by its file
+HTTP_CLIENT_FRAME = "<http client request>"
+HTTP_CLIENT_FILES = re.compile(r"[/\\](?:openai[/\\]_base_client|httpx[/\\]|httpcore[/\\]|requests[/\\]"
+                               r"(?:adapters|sessions)|urllib3[/\\]|aiohttp[/\\]client)")
+
+
 @dataclass(frozen=True)
 class Stage:
     """Where a traceback stands, read from its frames, and the failure classes that stage usually ends in."""
@@ -181,6 +187,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("model loading",
           (FailureClass.OOM_WEIGHTS_LOAD, FailureClass.QUANTIZATION_MISMATCH, FailureClass.MODEL_ACCESS), WEIGHT_FRAMES),
     Stage("a serving step", (FailureClass.OOM_RUNTIME, FailureClass.ENGINE_BUG), RUNTIME_FRAMES),
+    Stage("the HTTP client's request", (FailureClass.CONNECTION,), frozenset({HTTP_CLIENT_FRAME})),
 )
 
 
