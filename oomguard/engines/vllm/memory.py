@@ -363,12 +363,6 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_byte
     return specs
 
 
-def speculative_tokens(cfg: EngineConfig, model: ModelSpec) -> int:
-    """k: the tokens proposed a step (MTP without num_speculative_tokens proposes one per MTP layer)."""
-    spec = cfg.speculative
-    return (spec.num_speculative_tokens or model.mtp_layers or 1) if spec else 0
-
-
 def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
     """The drafter's KV-bearing layers, registered beside the target's (gpu_model_runner.get_kv_cache_spec): EAGLE
     heads and MTP layers shaped like the target's full attention; a draft model's own layers."""
@@ -499,12 +493,18 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     block_size = cfg.block_size or default_block_size(model, gpu, version)
     if cfg.block_size is None and block_size != 16:
         notes.append(f"block_size={block_size} (the MLA attention backend's)")
+    drafter = None
+    if cfg.speculative:
+        spec_decode.check(cfg.speculative, model, rel, engine, tp)
+        drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
+        notes += drafter.notes
+        warnings += drafter.warnings
     state = None
     if model.recurrent:
         state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
-        if cfg.speculative and rel.mamba_spec_blocks and engine == "v1":
+        if drafter and rel.mamba_spec_blocks and engine == "v1":
             # a request keeps the states of its k proposed tokens too (MambaSpec.num_speculative_blocks)
-            state = replace(state, pages_per_request=state.pages_per_request + speculative_tokens(cfg, model))
+            state = replace(state, pages_per_request=state.pages_per_request + drafter.tokens)
         block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
         notes.append(f"attention block size {block_size} tokens, so one attention page holds a "
                      f"{'Mamba' if model.layer_attention.count('mamba') else 'linear-attention'} layer's recurrent "
@@ -525,12 +525,6 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     offload_left = int(cfg.cpu_offload_gb * GiB)
     if loose := lora_slots.ignored_flags(cfg.feature_flags):
         notes.append(f"{', '.join(loose)} without --enable-lora: vLLM ignores them (no adapter slots)")
-    drafter = None
-    if cfg.speculative:
-        spec_decode.check(cfg.speculative, model, rel, engine, tp)
-        drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
-        notes += drafter.notes
-        warnings += drafter.warnings
     rejection = spec_decode.rejection_warmup_bytes(rel, model, cfg.speculative.method, num_reqs,
                                                    padded_vocab(model.vocab_size), act_bytes) \
         if drafter and engine == "v1" else 0
