@@ -122,10 +122,10 @@ FLAGS: tuple[Flag, ...] = (
     # speculative decoding (vllm/config/speculative.py SpeculativeConfig; the separate flags before 0.8)
     Flag("speculative_config", ("--speculative-config",), json_object,
          "JSON: method (draft model, eagle, eagle3, mtp, ngram, ...), model, num_speculative_tokens"),
-    Flag("speculative_model", ("--speculative-model",), str, "draft model (vLLM < 0.8; --speculative-config after)"),
-    Flag("num_speculative_tokens", ("--num-speculative-tokens",), int, "tokens proposed per step (vLLM < 0.8)"),
+    Flag("speculative_model", ("--speculative-model",), str, "draft model (before vLLM 0.8.5; --speculative-config after)"),
+    Flag("num_speculative_tokens", ("--num-speculative-tokens",), int, "tokens proposed per step (before vLLM 0.8.5)"),
     Flag("speculative_draft_tensor_parallel_size", ("--speculative-draft-tensor-parallel-size",), int,
-         "draft model TP (vLLM < 0.8)"),
+         "draft model TP (before vLLM 0.8.5)"),
     # multimodal inputs (vllm/config/multimodal.py MultiModalConfig)
     Flag("limit_mm_per_prompt", ("--limit-mm-per-prompt",), mm_limits,
          "items per prompt by modality, JSON or image=N,video=N; 0 turns a modality (and its profiling) off"),
@@ -159,8 +159,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
             action = argparse.BooleanOptionalAction if flag.negatable else "store_true"
             group.add_argument(*options, dest=flag.dest, action=action, default=None, help=flag.help)
         else:
-            group.add_argument(*options, dest=flag.dest, type=flag.type, default=None, metavar="N"
-                               if flag.type in (int, human_int) else None, help=flag.help)
+            metavar = "N" if flag.type in (int, human_int) else "JSON" if flag.type in (json_object, mm_limits) else None
+            group.add_argument(*options, dest=flag.dest, type=flag.type, default=None, metavar=metavar,
+                               help=flag.help)
 
 
 def flags_from_args(args: argparse.Namespace) -> dict:
