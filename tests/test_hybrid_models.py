@@ -100,7 +100,7 @@ def test_nemotron_h_temporal_state_dtype_by_release():
 
 
 def test_other_mamba_hybrids_are_refused_by_name():
-    config = {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 1536,
-              "num_hidden_layers": 40, "num_attention_heads": 12, "vocab_size": 100352}
-    with pytest.raises(NotSupportedError, match="granitemoehybrid"):
-        parse_config(config, "ibm-granite/granite-4.0-h-tiny")
+    config = {"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"], "hidden_size": 1024,
+              "num_hidden_layers": 36, "num_attention_heads": 8, "vocab_size": 32784}
+    with pytest.raises(NotSupportedError, match="falcon_h1"):
+        parse_config(config, "tiiuae/Falcon-H1-0.5B-Instruct")

@@ -78,7 +78,7 @@ def test_vision_config_fields_left_out_take_transformers_defaults():
 
 
 @pytest.mark.parametrize("model_type, words", [
-    ("gemma3n_text", "per-layer embeddings"), ("deepseek_v4", "compressed attention"),
+    ("deepseek_v4", "compressed attention"),
     ("mimo_v2_flash", "hybrid sliding-window"), ("brand_new_arch", "is not modelled yet"),
 ])
 def test_a_model_type_not_modelled_is_refused_by_name(model_type, words):

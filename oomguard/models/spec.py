@@ -6,7 +6,10 @@ sliding-window and interleaved local/global attention, Llama-4 chunked local att
 Kimi; DeepSeek-V3.2 / GLM-5 with the sparse-attention indexer), MoE layouts (Mixtral, Qwen-MoE, DeepSeek, gpt-oss,
 Llama 4, ERNIE 4.5), Gemma 4 (per-layer head widths, KV-sharing layers, per-layer embeddings, the MoE block beside
 the MLP, its vision and audio towers) and quantization_config blocks.
-Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) and Mamba2 hybrids (Nemotron-H) carry their recurrent-state shapes;
+Gemma 3n (AltUp, Laurel blocks, per-layer embeddings, KV-sharing layers, MobileNet-V5 and USM towers), MiniCPM and
+MiniCPM3 (low-rank q/kv projections over a plain multi-head KV cache) are read as their vLLM model files build them.
+Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5) and Mamba2 hybrids (Nemotron-H, Granite-4.0-H) carry their recurrent-state
+shapes;
 architectures it cannot model faithfully (other Mamba and linear-attention families) are refused by name, never
 approximated.
 """
@@ -29,7 +32,7 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 _ROPE_NO_SCALE = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 
 _UNSUPPORTED_TYPES = {
-    "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "zamba2", "granitemoehybrid", "plamo2",
+    "mamba", "mamba2", "jamba", "falcon_h1", "bamba", "zamba2", "plamo2",
     "minimax", "minimax_m1", "lfm2", "kimi_linear", "rwkv", "recurrent_gemma",
 }
 # Decoders whose layers are what this module reads: attention (full, sliding, chunked, MLA), a gated or plain MLP,
@@ -44,12 +47,14 @@ MODELLED_TYPES = {
     "kimi_k25", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
     "granite",   # models/granite.py: Llama's layers (gated SiLU MLP, GQA) with scalar multipliers, no more memory
     "gemma4", "gemma4_text", "deepseek_v32", "glm_moe_dsa", "olmo3", "ernie4_5_moe",
+    "gemma3n", "gemma3n_text",   # models/gemma3n.py, gemma3n_mm.py (AltUp, Laurel, PLE, KV sharing; the towers)
+    "minicpm",                   # models/minicpm.py: Llama's layers, head_dim = hidden / heads; MiniCPMMoE
+    "minicpm3",                  # models/minicpm3.py: MLA-shaped projections, a plain multi-head KV cache
+    "granitemoehybrid",          # models/granitemoehybrid.py: Mamba2 mixer or attention, then MoE and a shared MLP
 }
 # Known types not modelled yet, and what the plain formula would miss (their vLLM model files name the parts)
 NOT_MODELLED_YET = {
     "deepseek_v4": "compressed attention, hyper-connections and fp4 experts (models/deepseek_v4.py)",
-    "gemma3n": "per-layer embeddings and KV-sharing layers (models/gemma3n.py)",
-    "gemma3n_text": "per-layer embeddings and KV-sharing layers (models/gemma3n.py)",
     "mimo_v2_flash": "its hybrid sliding-window attention layers",
 }
 # Gated DeltaNet + full-attention hybrids (vllm/model_executor/models/qwen3_next.py, qwen3_5.py)
@@ -152,10 +157,13 @@ class MambaMixerSpec:
     conv_kernel: int
     conv_bias: bool = True
     ssm_dtype: str | None = None      # config.json's mamba_ssm_cache_dtype, which vLLM reads from 0.13
+    intermediate: int = 0             # the model file's own width where it does not take heads x head_dim
+                                      # (granitemoehybrid.py: mamba_expand x hidden_size)
+    proj_bias: bool = False           # in_proj and out_proj biases (Granite mamba_proj_bias)
 
     @property
     def intermediate_size(self) -> int:
-        return self.num_heads * self.head_dim
+        return self.intermediate or self.num_heads * self.head_dim
 
     def groups(self, tp: int) -> int:
         """B/C groups on a rank: replicated up to tp when tp does not divide them (extra_groups_for_head_shards)."""
@@ -197,6 +205,8 @@ class VisionSpec:
     tokens_per_image: int = 0         # a fixed soft-token count per image (Gemma 3 mm_tokens_per_image, Gemma 4)
     pooling: int = 1                  # patches pooled per side into one token (Gemma 4 pooling_kernel_size)
     kept_layers: int = 0              # hidden states kept to the end (Mllama intermediate_layers_indices)
+    split_params: int = 0             # parameters beside a replicated tower that vLLM splits over TP ranks
+                                      # (Gemma 3n's embedders: VocabParallelEmbedding and RowParallelLinear)
 
 
 @dataclass(frozen=True)
@@ -207,6 +217,16 @@ class PerLayerEmbedSpec:
     dim: int                          # hidden_size_per_layer_input
     vocab: int                        # vocab_size_per_layer_input
     batch_buffer: bool = False        # gemma4_mm.py keeps a [max_num_batched_tokens, layers, dim] buffer on the GPU
+
+
+@dataclass(frozen=True)
+class Gemma3nSpec:
+    """What Gemma 3n adds to each decoder layer and to the model (vllm/model_executor/models/gemma3n.py): AltUp's
+    altup_num_inputs parallel streams (Gemma3nAltUp, altup_projections / altup_unembed_projections) and the Laurel
+    low-rank residual (Gemma3nLaurelBlock)."""
+
+    altup_inputs: int                 # altup_num_inputs
+    laurel_rank: int
 
 
 @dataclass(frozen=True)
@@ -267,6 +287,10 @@ class ModelSpec:
     rope_cache_dims: tuple[int, ...] = ()        # rotary dims of each cache where they differ (else rotary_dim)
     embeddings_every_stage: bool = False         # the model file builds embeddings on every pipeline stage
     indexer: IndexerSpec | None = None
+    gemma3n: Gemma3nSpec | None = None
+    # MiniCPM3: q_a/q_b and kv_a/kv_b projections shaped like MLA's (this spec's ranks and head dims), while the
+    # attention itself is plain multi-head over qk_nope + qk_rope wide heads (models/minicpm3.py MiniCPM3Attention)
+    low_rank_attention: MlaSpec | None = None
     mtp_layers: int = 0                          # multi-token-prediction layers the checkpoint carries (speculative)
 
     def head_dim_at(self, layer: int) -> int:
@@ -394,6 +418,107 @@ def _nemotron_h(cfg: dict, num_layers: int, model_id: str) -> tuple[MambaMixerSp
     kinds = tuple({"M": "mamba", "*": "full"}.get(c, "none") for c in pattern)
     ffn = tuple({"-": "mlp", "E": "moe"}.get(c, "none") for c in pattern)
     return mixer, kinds, ffn
+
+
+def _granite_hybrid(cfg: dict, num_layers: int, hidden: int,
+                    model_id: str) -> tuple[MambaMixerSpec, tuple[str, ...], tuple[str, ...]]:
+    """Granite-4.0-H's layers (models/granitemoehybrid.py GraniteMoeHybridModel): layer_types names each layer a
+    "mamba" (GraniteMoeHybridMambaDecoderLayer, a MambaMixer2 of mamba_expand x hidden_size) or an "attention" layer;
+    both then run the MoE block (num_local_experts > 0) beside the shared MLP (shared_intermediate_size > 0). Missing
+    fields take GraniteMoeHybridConfig's defaults (transformers configuration_granitemoehybrid.py)."""
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != num_layers or set(types) - {"mamba", "attention"}:
+        raise UsageError(f"{model_id}: layer_types {types!r} does not name {num_layers} layers of \"mamba\" and "
+                         "\"attention\"; pass the model's own config.json")
+    expand = cfg.get("mamba_expand", 2)
+    inter = int((expand if isinstance(expand, (int, float)) else 2) * hidden)
+    heads = _int(cfg, "mamba_n_heads", default=128)
+    mixer = MambaMixerSpec(
+        num_heads=heads, head_dim=_int(cfg, "mamba_d_head") or inter // heads,   # mamba_d_head "auto"
+        n_groups=_int(cfg, "mamba_n_groups", default=1), state_size=_int(cfg, "mamba_d_state", default=256),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4), conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+        intermediate=inter, proj_bias=bool(cfg.get("mamba_proj_bias", False)))
+    kinds = tuple("mamba" if t == "mamba" else "full" for t in types)
+    experts = _int(cfg, "num_local_experts", default=0) or 0
+    shared = _int(cfg, "shared_intermediate_size", default=0) or 0
+    ffn = "moe" if experts > 0 else "mlp" if shared > 0 else "none"
+    return mixer, kinds, tuple(ffn for _ in range(num_layers))
+
+
+def _gemma3n_fields(text: dict, top: dict, spec: ModelSpec, layer_inter: tuple[int, ...]) -> dict:
+    """What Gemma 3n adds to a plain decoder, as vllm/model_executor/models/gemma3n.py builds it (0.9.2-0.33)."""
+    ple_dim = _int(text, "hidden_size_per_layer_input", default=256) or 0
+    ple = PerLayerEmbedSpec(ple_dim, _int(text, "vocab_size_per_layer_input") or spec.vocab_size,
+                            batch_buffer=isinstance(top.get("text_config"), dict)) if ple_dim > 0 else None
+    return dict(
+        # Gemma3nAttention: the last num_kv_shared_layers layers read the cache of the last earlier layer of their type
+        kv_shared_layers=_int(text, "num_kv_shared_layers", default=0) or 0,
+        layer_intermediate=layer_inter if len(set(layer_inter)) > 1 else (),   # Gemma3nMLP intermediate_size[i]
+        per_layer_embed=ple,
+        gemma3n=Gemma3nSpec(altup_inputs=_int(text, "altup_num_inputs", default=4) or 4,
+                            laurel_rank=_int(text, "laurel_rank", default=64) or 0),
+        qk_norm=True,
+        # Gemma3nForCausalLM.compute_logits: logits from embed_tokens; the model file builds no lm_head
+        tie_word_embeddings=True,
+    )
+
+
+# timm parameter counts of the vision towers Gemma 3n names by vision_config.architecture (TimmWrapperModel builds
+# timm.create_model(architecture, num_classes=0)). mobilenetv5_300m_enc: timm/models/mobilenetv5.py
+# _gen_mobilenet_v5 arch_def (the 300m branch: 3 EdgeResidual, 5 + 37 + 39 UIR / MobileAttention blocks, the
+# MultiScaleFusionAdapter to 2048 channels), with RmsNorm2d weights, layer scales and the stem conv's bias: counted
+# block by block from that arch_def (timm commit aa4b5850), 294,126,912 parameters.
+_TIMM_TOWER_PARAMS = {"mobilenetv5_300m_enc": 294_126_912}
+# configuration_gemma3n.py Gemma3nAudioConfig defaults (transformers 4.53)
+_GEMMA3N_AUDIO_DEFAULTS = {"hidden_size": 1536, "conf_num_hidden_layers": 12, "conf_num_attention_heads": 8,
+                           "conf_conv_kernel_size": 5, "sscp_conv_channel_size": [128, 32],
+                           "sscp_conv_kernel_size": [[3, 3], [3, 3]], "sscp_conv_stride_size": [[2, 2], [2, 2]],
+                           "input_feat_size": 128, "vocab_size": 128}
+
+
+def _gemma3n_towers(top: dict, text_hidden: int) -> VisionSpec | None:
+    """Gemma 3n's vision and audio towers and their embedders, as gemma3n_mm.py Gemma3nForConditionalGeneration builds
+    them from 0.10.1: transformers' AutoModel.from_config for each tower (a timm MobileNet-V5 and the USM conformer
+    Gemma3nAudioEncoder, plain modules whole on every TP rank) and two Gemma3nMultimodalEmbedder (a
+    VocabParallelEmbedding of vocab_size rows, hard and soft RMSNorms, a RowParallelLinear to the text width)."""
+    vc, ac = top.get("vision_config"), top.get("audio_config")
+    params, split, parts = 0, 0, []
+    for cfg in (vc, ac):
+        if isinstance(cfg, dict):   # Gemma3nMultimodalEmbedder: embedding, two norms, projection (split over TP)
+            width = _int(cfg, "hidden_size", default=2048 if cfg is vc else 1536)
+            split += _padded64(_int(cfg, "vocab_size", default=128)) * width + width * text_hidden
+            params += 2 * width
+    if isinstance(vc, dict):
+        arch = str(vc.get("architecture") or "mobilenetv5_300m_enc")
+        if arch not in _TIMM_TOWER_PARAMS:
+            raise NotSupportedError(f"Gemma 3n vision tower {arch!r} is not modelled (oomguard counts timm's "
+                                    f"{', '.join(_TIMM_TOWER_PARAMS)})")
+        params += _TIMM_TOWER_PARAMS[arch]
+        parts.append(f"vision tower timm {arch}")
+    if isinstance(ac, dict):
+        a = {**_GEMMA3N_AUDIO_DEFAULTS, **{k: x for k, x in ac.items() if x is not None}}
+        h, heads, k = a["hidden_size"], a["conf_num_attention_heads"], a["conf_conv_kernel_size"]
+        # modeling_gemma3n.py Gemma3nAudioConformerBlock: two feed-forwards (H->4H->H, pre and post RMSNorm each),
+        # attention (pre_attn_norm, relative_position_embedding.pos_proj, q/k/v, per_dim_scale, post, post_norm),
+        # the light conv (pre norm, linear_start H->2H, depthwise kernel, conv_norm, linear_end) and the block norm
+        block = 2 * (8 * h * h + 2 * h) + (5 * h * h + h // heads + 2 * h) + (3 * h * h + k * h + 2 * h) + h
+        params += a["conf_num_hidden_layers"] * block
+        # Gemma3nAudioSubSampleConvProjection: two bias-free convs with CumulativeGroupNorm weights, input_proj_linear
+        freq, c_in = a["input_feat_size"], 1
+        for c_out, (kh, kw), (_, sw) in zip(a["sscp_conv_channel_size"], a["sscp_conv_kernel_size"],
+                                            a["sscp_conv_stride_size"]):
+            params += c_in * c_out * kh * kw + c_out
+            freq, c_in = (freq + 2 - kw) // sw + 1, c_out
+        params += c_in * freq * h
+        parts.append(f"audio tower of {a['conf_num_hidden_layers']} conformer blocks of width {h}")
+    if not parts:
+        return None
+    return VisionSpec(params=params, note=" and ".join(parts) + " (transformers' Gemma 3n towers)", replicated=True,
+                      family="gemma3n", split_params=split)
+
+
+def _padded64(n: int) -> int:
+    return -(-n // 64) * 64
 
 
 def _hybrid_layers(cfg: dict, num_layers: int) -> tuple[str, ...]:
@@ -643,6 +768,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         model_type = "gemma3_text"   # Gemma3Config builds its text_config as a Gemma3TextConfig
     if top.get("model_type") == "gemma4" and text is not top and not text.get("model_type"):
         model_type = "gemma4_text"   # Gemma4Config builds its text_config as a Gemma4TextConfig
+    if top.get("model_type") == "gemma3n" and text is not top and not text.get("model_type"):
+        model_type = "gemma3n_text"  # Gemma3nConfig builds its text_config as a Gemma3nTextConfig
     text = {**_TRANSFORMERS_DEFAULTS.get(model_type, {}), **text}
     if model_type == "gemma4_text":
         text = _gemma4_layer_types(text)
@@ -651,7 +778,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
             or (text.get("hybrid_override_pattern") and model_type != "nemotron_h") or text.get("linear_attn_config") \
             or (model_type not in GDN_TYPES and text.get("linear_num_value_heads")):
         raise NotSupportedError(f"{model_id} is a hybrid linear-attention/Mamba model ({top_type}); oomguard does "
-                                f"not model {top_type} yet (of these it models Qwen3-Next, Qwen3.5 and Nemotron-H)")
+                                f"not model {top_type} yet (of these it models Qwen3-Next, Qwen3.5, Nemotron-H and "
+                                "Granite-4.0-H)")
     archs = top.get("architectures") or text.get("architectures") or [top_type or "unknown"]
     architecture = str(archs[0]) if isinstance(archs, list) and archs else str(archs)
 
@@ -663,15 +791,29 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     if kv_heads is None:
         kv_heads = 1 if text.get("multi_query") else heads
     head_dim = _int(text, "head_dim") or hidden // heads
+    if model_type in ("minicpm", "granitemoehybrid"):
+        # minicpm.py MiniCPMAttention / granitemoehybrid.py GraniteMoeHybridAttention: head_dim = hidden // heads
+        head_dim = hidden // heads
     vocab = _require(_int(text, "vocab_size") or _int(top, "vocab_size"), "vocab_size", model_id)
     inter = _int(text, "intermediate_size", "n_inner", "ffn_hidden_size") or 4 * hidden
+    widths = text.get("intermediate_size")   # Gemma 3n: one MLP width per layer (MatFormer)
+    layer_inter = tuple(int(w) for w in widths) if isinstance(widths, list) and len(widths) == num_layers else ()
+    if layer_inter:
+        inter = max(layer_inter)
 
     dtype = _norm_dtype(text.get("torch_dtype") or text.get("dtype") or top.get("torch_dtype") or top.get("dtype"))
     if dtype is None:
         dtype = "float32" if "torch_dtype" not in text and "torch_dtype" not in top else "bfloat16"
 
-    mla = None
-    if _int(text, "kv_lora_rank"):
+    mla = low_rank = None
+    if _int(text, "kv_lora_rank") and model_type == "minicpm3":
+        # minicpm3.py MiniCPM3Attention: Attention(num_heads, qk_head_dim, num_kv_heads=num_heads) over the
+        # decompressed keys and values, the value padded to qk_head_dim: every head caches K and V
+        low_rank = MlaSpec(kv_lora_rank=_int(text, "kv_lora_rank"), qk_rope_head_dim=_int(text, "qk_rope_head_dim"),
+                           qk_nope_head_dim=_int(text, "qk_nope_head_dim"), v_head_dim=_int(text, "v_head_dim"),
+                           q_lora_rank=_int(text, "q_lora_rank"))
+        head_dim, kv_heads = low_rank.qk_nope_head_dim + low_rank.qk_rope_head_dim, heads
+    elif _int(text, "kv_lora_rank"):
         mla = MlaSpec(kv_lora_rank=_int(text, "kv_lora_rank"), qk_rope_head_dim=_int(text, "qk_rope_head_dim", default=64),
                       qk_nope_head_dim=_int(text, "qk_nope_head_dim", default=128),
                       v_head_dim=_int(text, "v_head_dim", default=128), q_lora_rank=_int(text, "q_lora_rank"))
@@ -682,6 +824,10 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         kinds = _hybrid_layers(text, num_layers)
     if model_type == "nemotron_h":
         recurrent, kinds, ffn = _nemotron_h(text, num_layers, model_id)
+    if model_type == "granitemoehybrid":
+        recurrent, kinds, ffn = _granite_hybrid(text, num_layers, hidden, model_id)
+        # granitemoeshared.py GraniteMoeSharedMLP: the dense MLP is shared_intermediate_size wide
+        inter = _int(text, "shared_intermediate_size", default=0) or inter
     if mla:
         kinds = tuple("mla" for _ in range(num_layers))
 
@@ -694,8 +840,14 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     rope_params = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
     partial = text.get("partial_rotary_factor", rope_params.get("partial_rotary_factor", 1.0))
     rotary_dim = mla.qk_rope_head_dim if mla else int(head_dim * (partial if isinstance(partial, (int, float)) else 1.0))
+    if low_rank:
+        rotary_dim = low_rank.qk_rope_head_dim   # minicpm3.py: get_rope(qk_rope_head_dim, ...)
     rope_caches = (positions,)
-    if model_type in ("gemma3_text", "gemma3"):
+    if rope_type in ("longrope", "su") and _int(rope, "original_max_position_embeddings"):
+        # rotary_embedding Phi3LongRoPEScaledRotaryEmbedding: long_short_cos_sin_cache = cat(short cache over
+        # original_max_position_embeddings, long cache over max_position_embeddings)
+        rope_caches = (positions + _int(rope, "original_max_position_embeddings"),)
+    if model_type in ("gemma3_text", "gemma3", "gemma3n_text"):
         rope_caches = (positions, positions)  # separate local and global RoPE bases
     if model_type == "olmo3":
         # olmo2.py (0.11-0.27) / olmo3.py (0.28-0.29) Olmo2Attention: "Rope scaling is only applied on full attention
@@ -712,6 +864,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     if model_type == "llama4_text" or text.get("position_embedding_type") == "absolute" or \
             model_type in ("gpt2", "opt", "nemotron_h"):   # Nemotron-H attention has no rotary embedding
         rope_caches = (positions,) if model_type == "llama4_text" else ()
+    if model_type == "granitemoehybrid" and text.get("position_embedding_type") != "rope":
+        rope_caches = ()   # GraniteMoeHybridAttention: rotary_emb only with position_embedding_type "rope" (NoPE)
 
     norms = 2
     if model_type in ("gemma2", "gemma3_text", "gemma3"):
@@ -732,7 +886,7 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
                                model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
         o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
         qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
-        vision=_vision_spec(top), recurrent=recurrent, layer_ffn=ffn, gated_mlp=model_type != "nemotron_h",
+        vision=_gemma3n_towers(top, hidden) if model_type == "gemma3n_text" else _vision_spec(top), recurrent=recurrent, layer_ffn=ffn, gated_mlp=model_type != "nemotron_h",
         attn_output_gate=bool(text.get("attn_output_gate", isinstance(recurrent, LinearAttentionSpec))),
         rope_cache_positions=rope_caches, rotary_dim=rotary_dim,
         checkpoint_bytes=checkpoint_bytes, source=source,
@@ -741,6 +895,10 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     )
     if model_type == "gemma4_text":
         spec = replace(spec, **_gemma4_fields(text, top, spec))
+    if model_type == "gemma3n_text":
+        spec = replace(spec, **_gemma3n_fields(text, top, spec, layer_inter))
+    if low_rank:
+        spec = replace(spec, low_rank_attention=low_rank)
     if mla and _int(text, "index_topk"):
         spec = replace(spec, indexer=_indexer(text, model_id))
     return spec

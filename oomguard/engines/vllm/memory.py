@@ -26,10 +26,10 @@ from oomguard.engines.vllm import speculative as spec_decode
 from oomguard.engines.vllm.speculative import SpeculativeConfig
 from oomguard.engines.vllm.releases import LATE_MODEL_TYPES, VllmRelease, first_release_running, release
 from oomguard.engines.vllm.versions import Version, fmt
-from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, stage_weight_bytes
+from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, served_spec, stage_weight_bytes
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
-from oomguard.models.spec import DTYPE_BYTES, ModelSpec, QuantSpec
+from oomguard.models.spec import DTYPE_BYTES, LinearAttentionSpec, MambaMixerSpec, ModelSpec, QuantSpec
 from oomguard.units import GiB, cdiv
 from oomguard.failures import FailureClass
 
@@ -291,17 +291,20 @@ def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
 
 
 def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: VllmRelease, tp: int,
-                         act_bytes: int, kv_bytes: int, max_model_len: int) -> MambaSpec:
+                         act_bytes: int, kv_bytes: int, max_model_len: int) -> MambaSpec | None:
     """A Gated DeltaNet or Mamba2 layer's state page, and the attention block size that makes an attention page hold it
     (models/config.py HybridAttentionMambaModelConfig.verify_and_update_config up to 0.19,
     platforms/interface.py _align_hybrid_block_size from 0.20): block = align x cdiv(state, align x KV bytes per
-    token); the state is padded to block x KV bytes per token."""
+    token); the state is padded to block x KV bytes per token. None where the release plans the model as a plain
+    decoder (a hybrid architecture whose layer_types are all attention, Granite-4.0 micro, from 0.11.1)."""
     family = model.model_type + ("_moe" if model.model_type == "nemotron_h" and model.moe else "")
     if family not in rel.hybrid_model_types:
         first = first_release_running(family)
         since = fmt(first) if first else "a newer release"
         raise UsageError(f"vLLM {fmt(rel.version)} does not run {family} models ({model.model_id}); "
                          f"they need vLLM {since} or newer: pick --vllm-version {since} or later")
+    if not any(k in ("linear", "mamba") for k in model.layer_attention) and not rel.attention_only_hybrid_is_hybrid:
+        return None
     conv, temporal = model.recurrent.state_elements(tp)
     ssm_dtype = model.recurrent.ssm_dtype      # Qwen3.5's config pins it (vLLM 0.17+ reads it)
     if model.model_type == "nemotron_h":       # models/config.py NemotronHForCausalLMConfig, from 0.13
@@ -314,7 +317,10 @@ def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel:
     align, pages = 16, 1
     if align_mode:
         align, pages = 16, 2                                             # the running state and the last full block's
-        if rel.gdn_flashinfer_checkpoint and gpu.compute_capability[0] == 9:
+        if isinstance(model.recurrent, MambaMixerSpec) and rel.mamba2_prefill_checkpoint:
+            pages = 3                                                    # MambaMixer2's prefill checkpoint block
+        if isinstance(model.recurrent, LinearAttentionSpec) and rel.gdn_flashinfer_checkpoint and \
+                gpu.compute_capability[0] == 9:
             align, pages = 64, 3                                         # FlashInfer GDN prefill checkpoints
     block = align * cdiv(state, align * per_token)
     if cfg.block_size and cfg.block_size > block:
@@ -413,13 +419,15 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     """What vLLM `version` does with the memory of each GPU at startup, and whether it starts."""
     validate(model, cfg, gpu_count)
     rel = release(version)
+    model = served_spec(model, version)   # what this release builds of the checkpoint (Gemma 3n's towers)
     if cfg.block_size is not None and (cfg.block_size not in rel.block_sizes if rel.block_sizes
                                        else cfg.block_size % 16):
         allowed = ", ".join(map(str, rel.block_sizes)) if rel.block_sizes else "a multiple of 16"
         raise UsageError(f"--block-size {cfg.block_size} is not one vLLM {fmt(version)} takes: use {allowed}")
-    if model.model_type in LATE_MODEL_TYPES and model.model_type not in rel.late_model_types:
-        since = fmt(first_release_running(model.model_type))
-        raise UsageError(f"vLLM {fmt(version)} does not run {model.model_type} models ({model.model_id}); they need "
+    late = model.architecture if model.architecture in LATE_MODEL_TYPES else model.model_type
+    if late in LATE_MODEL_TYPES and late not in rel.late_model_types:
+        since = fmt(first_release_running(late))
+        raise UsageError(f"vLLM {fmt(version)} does not run {late} models ({model.model_id}); they need "
                          f"vLLM {since} or newer: pick --vllm-version {since} or later")
     notes: list[str] = []
     warnings: list[str] = []
@@ -499,13 +507,17 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
         notes += drafter.notes
         warnings += drafter.warnings
-    state = None
-    if model.recurrent:
-        state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len)
+    state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len) if model.recurrent else None
+    if state:
         if drafter and rel.mamba_spec_blocks and engine == "v1":
             # a request keeps the states of its k proposed tokens too (MambaSpec.num_speculative_blocks)
             state = replace(state, pages_per_request=state.pages_per_request + drafter.tokens)
         block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
+        if not any(k in ("linear", "mamba") for k in model.layer_attention):
+            notes.append(f"attention block size {block_size} tokens: vLLM {fmt(version)} treats the hybrid "
+                         f"architecture as hybrid although every layer is attention, and grows the block to hold the "
+                         f"Mamba state its config describes ({state.state_bytes / 2**20:.2f} MiB; fixed in 0.11.1)")
+    if state and any(k in ("linear", "mamba") for k in model.layer_attention):
         notes.append(f"attention block size {block_size} tokens, so one attention page holds a "
                      f"{'Mamba' if model.layer_attention.count('mamba') else 'linear-attention'} layer's recurrent "
                      f"state ({state.state_bytes / 2**20:.2f} MiB a request, padded by "

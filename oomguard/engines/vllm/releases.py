@@ -104,15 +104,22 @@ class VllmRelease:
     graph_cap_1024_on_blackwell: bool      # the capture cap is 1024 on data-centre Blackwell
     graph_pool_measured: bool              # "Graph capturing finished ... took X" follows empty_cache (not a net delta)
     # --- hybrid linear-attention models (models/config.py HybridAttentionMambaModelConfig, kv_cache_interface.py) ---
-    hybrid_model_types: frozenset[str]   # Gated DeltaNet hybrids this release runs (qwen3_next.py, qwen3_5.py)
+    hybrid_model_types: frozenset[str]   # Gated DeltaNet / Mamba2 hybrids this release runs on V1 by default
     hybrid_prefix_caching_default: bool  # prefix caching on for hybrids by default ("align" mode: 2 state pages)
     hybrid_prefix_caching_possible: bool  # --enable-prefix-caching works on Gated DeltaNet hybrids
     gdn_flashinfer_checkpoint: bool      # GDN prefill on FlashInfer (Hopper): align 64, one more checkpoint page
     hybrid_groups_max_if_close: bool     # layer groups take the larger count when within 1.5x
     nemotron_h_ssm_dtype: str | None     # Nemotron-H's temporal state when config.json does not pin it
+    mamba2_prefill_checkpoint: bool      # a Mamba2 mixer keeps one more state page a request in "align" mode
+    attention_only_hybrid_is_hybrid: bool  # a hybrid architecture whose layer_types are all attention (Granite-4.0
+                                           # micro) still gets the hybrid block size from its config's Mamba state
     # --- model types added late (model_executor/models/registry.py: the first release listing the architecture) ---
-    late_model_types: frozenset[str]     # of the model types oomguard knows were added late, those this release runs
+    late_model_types: frozenset[str]     # of the model types (or architectures) oomguard knows were added late, those
+                                         # this release runs
     gemma4_kv_shared_q_only: bool        # gemma4.py: a KV-shared layer builds q_proj only (else a full qkv_proj)
+    gemma3n_kv_shared_q_only: bool       # gemma3n.py: the same for Gemma 3n
+    gemma3n_multimodal: bool             # Gemma3nForConditionalGeneration is gemma3n_mm.py (towers, PLE buffer), else
+                                         # gemma3n.py's text-only class
     # --- DeepSeek-V3.2 / GLM-5 sparse attention (models/deepseek_v2.py Indexer, models/deepseek_v32/ from 0.30) ---
     dsa_indexer_wk_fused: bool           # wk + weights_proj fused into one unquantized wk_weights_proj
     dsa_indexer_rope: bool               # the indexer builds its own RoPE (a second cos/sin cache)
@@ -201,10 +208,14 @@ class VllmRelease:
         return any(a == major and b <= minor for a, b in self.cuda_archs)
 
 
-# model type -> the first release whose models/registry.py lists its architecture
+# model type (or, where a type's architectures arrived apart, the architecture) -> the first release whose
+# models/registry.py lists its architecture
 _LATE_MODEL_TYPES: dict[str, Version] = {
     "ernie4_5_moe": (0, 9, 2), "deepseek_v32": (0, 11, 0), "olmo3": (0, 11, 0), "glm_moe_dsa": (0, 16, 0),
     "gemma4": (0, 19, 0), "gemma4_text": (0, 19, 0),
+    # registry.py: Gemma3nForConditionalGeneration from 0.9.2 (gemma3n.py, text only; gemma3n_mm.py from 0.10.1),
+    # Gemma3nForCausalLM (a text-only checkpoint) from 0.10.1
+    "Gemma3nForConditionalGeneration": (0, 9, 2), "Gemma3nForCausalLM": (0, 10, 1),
 }
 LATE_MODEL_TYPES = frozenset(_LATE_MODEL_TYPES)
 _LORA_EMBEDDING_TYPES = frozenset({"llama", "mistral", "mixtral", "granite", "granitemoe", "exaone", "exaone4",
@@ -283,15 +294,26 @@ def release(version: Version) -> VllmRelease:
         graph_sizes_add_max_num_seqs=_since(v, False, ((0, 31, 0), True)),
         graph_cap_1024_on_blackwell=_since(v, False, ((0, 28, 0), True)),
         graph_pool_measured=_since(v, False, ((0, 18, 0), True)),          # gpu_model_runner.capture_model
-        hybrid_model_types=_since(v, frozenset(), ((0, 10, 2), frozenset({"qwen3_next", "nemotron_h"})),
-                                  ((0, 12, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe"})),
+        # registry.py lists GraniteMoeHybridForCausalLM from 0.9.0 and NemotronHForCausalLM from 0.9.1, V0-only (or V1
+        # opt-in) until 0.10.2 made V1 the default for Mamba2 hybrids (engine/arg_utils.py _is_v1_supported_oracle;
+        # models/config.py HybridAttentionMambaModelConfig sizes their pages)
+        hybrid_model_types=_since(v, frozenset(),
+                                  ((0, 10, 2), frozenset({"qwen3_next", "nemotron_h", "granitemoehybrid"})),
+                                  ((0, 12, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe",
+                                                          "granitemoehybrid"})),
                                   ((0, 17, 0), frozenset({"qwen3_next", "nemotron_h", "nemotron_h_moe", "qwen3_5_text",
-                                                          "qwen3_5_moe_text"}))),
+                                                          "qwen3_5_moe_text", "granitemoehybrid"}))),
         nemotron_h_ssm_dtype=_since(v, None, ((0, 13, 0), "float16"), ((0, 20, 0), "float32")),
+        # layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec: num_prefill_checkpoint_blocks=1 (0.32+)
+        mamba2_prefill_checkpoint=_since(v, False, ((0, 32, 0), True)),
+        # config/model.py ModelConfig.is_hybrid: "Handle granite-4.0-micro case" (all-attention layer_types) from 0.11.1
+        attention_only_hybrid_is_hybrid=_since(v, True, ((0, 11, 1), False)),
         # registry.py: Ernie4_5_MoeForCausalLM from 0.9.2; DeepseekV32ForCausalLM and Olmo3ForCausalLM from 0.11.0;
         # GlmMoeDsaForCausalLM from 0.16.0; Gemma4ForCausalLM / Gemma4ForConditionalGeneration from 0.19.0
         late_model_types=frozenset(t for t, since in _LATE_MODEL_TYPES.items() if v >= since),
         gemma4_kv_shared_q_only=_since(v, False, ((0, 30, 0), True)),     # models/gemma4.py Gemma4Attention
+        gemma3n_kv_shared_q_only=_since(v, False, ((0, 30, 0), True)),    # models/gemma3n.py Gemma3nAttention
+        gemma3n_multimodal=_since(v, False, ((0, 10, 1), True)),          # registry.py -> gemma3n_mm.py
         dsa_indexer_wk_fused=_since(v, False, ((0, 20, 0), True)),        # deepseek_v2.py Indexer.wk_weights_proj
         dsa_indexer_rope=_since(v, False, ((0, 12, 0), True)),            # deepseek_v2.py indexer_rope_emb
         dsa_indexer_rope_follows_interleave=_since(v, False, ((0, 30, 0), True)),  # deepseek_v32/attention.py

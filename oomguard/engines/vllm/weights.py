@@ -9,7 +9,7 @@ for the MoE kernel vLLM picks for the GPU and version (mxfp4_expert_bytes), padd
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
@@ -119,6 +119,8 @@ def _mamba2_mixer_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
     inter, groups_state = m.intermediate_size // tp, m.groups(tp) * m.state_size // tp
     heads = m.num_heads // tp
     total = _linear(model, "in_proj", (2 * inter + 2 * groups_state + heads) * h, act_bytes)
+    if m.proj_bias:   # use_bias: in_proj and out_proj biases (granitemoehybrid.py mamba_proj_bias)
+        total += (2 * inter + 2 * groups_state + heads + h) * act_bytes
     conv_dim = inter + 2 * groups_state
     total += conv_dim * m.conv_kernel * act_bytes + (conv_dim * act_bytes if m.conv_bias else 0)
     total += heads * 4 + 2 * heads * act_bytes + inter * act_bytes
@@ -166,6 +168,50 @@ def _gemma4_layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: 
     return total
 
 
+def _gemma3n_layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, q_only_shared: bool) -> float:
+    """One Gemma 3n decoder layer on one TP rank (vllm/model_executor/models/gemma3n.py Gemma3nDecoderLayer)."""
+    h, tp, hd, g = model.hidden_size, par.tp, model.head_dim, model.gemma3n
+    q_heads, kv_heads, n = model.num_heads // tp, max(1, model.num_kv_heads // tp), g.altup_inputs
+    # Gemma3nAltUp: correction_coefs [n, n], prediction_coefs [n^2, n] and modality_router [n, H] (ReplicatedLinear),
+    # router_norm [H]; correct_output_scale [H] is an fp32 nn.Parameter
+    total = _linear(model, "altup", n * n + n ** 3 + n * h, act_bytes, layer, "altup") + h * act_bytes + h * 4
+    if model.reads_shared_kv(layer) and q_only_shared:
+        # Gemma3nAttention.__init__ (0.30+): a KV-shared layer builds q_proj only, no k_norm
+        total += _linear(model, "q_proj", h * q_heads * hd, act_bytes, layer, "self_attn")
+    else:
+        # Gemma3nAttention.__init__: QKVParallelLinear and k_norm [hd] (v_norm has no weight)
+        total += _linear(model, "qkv_proj", h * (q_heads + 2 * kv_heads) * hd, act_bytes, layer, "self_attn")
+        total += hd * act_bytes
+    total += _linear(model, "o_proj", q_heads * hd * h, act_bytes, layer, "self_attn") + hd * act_bytes  # q_norm
+    if model.qkv_bias:                                              # attention_bias: q/k/v and o biases
+        total += (q_heads + 2 * kv_heads) * hd * act_bytes + h * act_bytes
+    width = model.layer_intermediate[layer] if model.layer_intermediate else model.intermediate_size
+    total += _linear(model, "mlp", 3 * h * width // tp, act_bytes, layer, "mlp")   # Gemma3nMLP gate_up + down
+    # Gemma3nLaurelBlock: linear_left ColumnParallelLinear [rank, H], linear_right RowParallelLinear [H, rank],
+    # post_laurel_norm [H]
+    total += _linear(model, "laurel", 2 * h * g.laurel_rank // tp, act_bytes, layer, "laurel") + h * act_bytes
+    if model.per_layer_embed:
+        # per_layer_input_gate [dim, H] and per_layer_projection [H, dim]: ReplicatedLinear, whole on every rank
+        total += _linear(model, "per_layer_input_gate", 2 * h * model.per_layer_embed.dim, act_bytes, layer,
+                         "per_layer_input_gate")
+    # input, post-attention, pre- and post-feedforward and post-per-layer-input RMSNorms
+    return total + 5 * h * act_bytes
+
+
+def _minicpm3_attention_bytes(model: ModelSpec, tp: int, act_bytes: int) -> float:
+    """MiniCPM3Attention on one TP rank (vllm/model_executor/models/minicpm3.py): q_a_proj [q_lora, H] and
+    kv_a_proj_with_mqa [kv_lora + rope, H] ReplicatedLinear, q_a_layernorm and kv_a_layernorm, q_b_proj and kv_b_proj
+    ColumnParallelLinear, o_proj RowParallelLinear; no absorbed copies (its Attention is plain multi-head)."""
+    m, h, heads = model.low_rank_attention, model.hidden_size, model.num_heads // tp
+    qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
+    total = _linear(model, "q_a_proj", h * m.q_lora_rank, act_bytes) + m.q_lora_rank * act_bytes
+    total += _linear(model, "q_b_proj", m.q_lora_rank * heads * qk_head, act_bytes)
+    total += _linear(model, "kv_a_proj_with_mqa", h * (m.kv_lora_rank + m.qk_rope_head_dim), act_bytes)
+    total += m.kv_lora_rank * act_bytes
+    total += _linear(model, "kv_b_proj", m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim), act_bytes)
+    return total + _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
+
+
 def _indexer_bytes(model: ModelSpec, act_bytes: int, version: Version | None) -> float:
     """One layer's sparse-attention indexer, whole on every TP rank (models/deepseek_v2.py Indexer, 0.11-0.29;
     models/deepseek_v32/attention.py DeepseekV32Indexer from 0.30)."""
@@ -190,8 +236,13 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
     if model.model_type == "gemma4_text":
         q_only = release(version).gemma4_kv_shared_q_only if version else True
         return _gemma4_layer_bytes(model, layer, par, act_bytes, q_only)
+    if model.gemma3n:
+        q_only = release(version).gemma3n_kv_shared_q_only if version else True
+        return _gemma3n_layer_bytes(model, layer, par, act_bytes, q_only)
     total = model.norms_per_layer * h * act_bytes
-    if model.mla:
+    if model.low_rank_attention:
+        total += _minicpm3_attention_bytes(model, tp, act_bytes)
+    elif model.mla:
         m = model.mla
         qk_head = m.qk_nope_head_dim + m.qk_rope_head_dim
         heads = model.num_heads // tp
@@ -240,6 +291,10 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         experts_here, width = (cdiv(moe.num_experts, tp * par.dp), inter) if par.ep else (moe.num_experts, inter // tp)
         if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
             total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss")
+        elif model.model_type == "minicpm":
+            # minicpm.py MiniCPMMoE: ws [E, 2I, H] and w2s [E, H, I] are plain nn.Parameters in params_dtype (never
+            # quantized), each expert split over TP
+            total += moe.num_experts * mats * h * (inter // tp) * act_bytes
         else:
             total += _linear(model, "experts", experts_here * mats * h * width, act_bytes)
             if model.model_type == "gpt_oss":
@@ -265,6 +320,17 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
     return total
 
 
+def served_spec(model: ModelSpec, version: Version | None) -> ModelSpec:
+    """The model as `version` builds it where a release serves less of the checkpoint: Gemma 3n before 0.10.1 ran on
+    gemma3n.py's text-only Gemma3nForConditionalGeneration (load_weights skips the towers and embedders; no
+    per-layer-embedding buffer), gemma3n_mm.py's multimodal class from 0.10.1."""
+    if model.gemma3n and version is not None and not release(version).gemma3n_multimodal and (
+            model.vision or (model.per_layer_embed and model.per_layer_embed.batch_buffer)):
+        ple = model.per_layer_embed
+        return replace(model, vision=None, per_layer_embed=replace(ple, batch_buffer=False) if ple else None)
+    return model
+
+
 def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: int,
                        compute_capability: tuple[int, int] | None = None, version: Version | None = None,
                        batched_tokens: int = 0, batched_seqs: int = 0) -> int:
@@ -275,6 +341,7 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
     file allocates while it loads (Gemma 4's per-layer-embedding buffer, the DSA top-k index buffers), with
     `batched_seqs` (max_num_seqs)."""
     mxfp4 = mxfp4_backend(compute_capability, version)
+    model = served_spec(model, version)
     h = model.hidden_size
     first, last = stage == 0, stage == par.pp - 1
     every = model.embeddings_every_stage   # the model file ignores PP for its embeddings (gemma4.py Gemma4Model)
@@ -291,15 +358,23 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
         total += h * act_bytes  # final norm
     for layer in par.stage_layers(model.num_layers, stage):
         total += layer_bytes(model, layer, par, act_bytes, mxfp4, version)
+    if model.gemma3n:
+        # gemma3n.py Gemma3nSelfDecoder.altup_projections and Gemma3nTextModel.altup_unembed_projections:
+        # altup_num_inputs - 1 ColumnParallelLinear [H, H] each
+        width = (model.gemma3n.altup_inputs - 1) * h * h // par.tp
+        total += _linear(model, "altup_projections", width, act_bytes) if first else 0
+        total += _linear(model, "altup_unembed_projections", width, act_bytes) if last else 0
     if (ple := model.per_layer_embed) and (first or every):
-        # gemma4.py Gemma4Model: embed_tokens_per_layer VocabParallelEmbedding [vocab_ple, layers x dim] (split over
-        # TP), per_layer_model_projection ColumnParallelLinear [layers x dim, H] and per_layer_projection_norm [dim]
+        # gemma4.py Gemma4Model / gemma3n.py Gemma3nSelfDecoder: embed_tokens_per_layer VocabParallelEmbedding
+        # [vocab_ple, layers x dim] (split over TP), per_layer_model_projection ColumnParallelLinear [layers x dim, H]
+        # and per_layer_projection_norm [dim]
         width = model.num_layers * ple.dim
         total += padded_vocab(ple.vocab) // par.tp * width * embedding
         total += _linear(model, "per_layer_model_projection", h * width // par.tp, act_bytes) + ple.dim * act_bytes
         if ple.batch_buffer:
-            # gemma4_mm.py Gemma4ForConditionalGeneration.__init__: per_layer_embeddings = torch.zeros(
-            # max_num_batched_tokens, layers, dim) on the GPU, allocated while the model loads
+            # gemma4_mm.py Gemma4ForConditionalGeneration.__init__ / gemma3n_mm.py Gemma3nForConditionalGeneration
+            # .__init__ (0.10.1+): per_layer_embeddings = torch.zeros(max_num_batched_tokens, layers, dim) on the GPU,
+            # allocated while the model loads
             total += batched_tokens * width * act_bytes
     if model.indexer:
         ix, rel = model.indexer, release(version) if version else None
@@ -326,4 +401,5 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
         total += sum(positions * dim * rope_bytes for positions, dim in zip(model.rope_cache_positions, dims))
     if model.vision and (first or every):
         total += model.vision.params * act_bytes / (1 if model.vision.replicated else par.tp)
+        total += model.vision.split_params * act_bytes / par.tp
     return int(total)
