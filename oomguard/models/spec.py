@@ -610,6 +610,8 @@ def _moe_spec(cfg: dict, num_layers: int, model_type: str) -> MoeSpec | None:
     if (n_shared := _int(cfg, "n_shared_experts", "num_shared_experts", "moe_num_shared_experts")) and expert_inter:
         shared = n_shared * expert_inter
     shared = _int(cfg, "shared_expert_intermediate_size", default=shared) or 0
+    if model_type == "granitemoehybrid":  # granitemoeshared.py GraniteMoeSharedMLP beside GraniteMoeMoE
+        shared = _int(cfg, "shared_intermediate_size", default=0) or 0
     if model_type == "nemotron_h":  # nemotron_h.py NemotronHMoE: shared experts of their own width
         shared = (_int(cfg, "moe_shared_expert_intermediate_size", default=0) or 0) * (n_shared or 0)
     if model_type == "llama4_text":
