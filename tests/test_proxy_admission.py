@@ -295,3 +295,37 @@ def test_a_rejection_names_what_holds_each_engine() -> None:
     assert decision.outcome == "rejected"
     message = decision.rejection.message
     assert "a: kv usage 95% above the watermark" in message and "b: at the proxy's in-flight cap (1)" in message
+
+
+def test_streamed_requests_are_admitted_by_their_projected_peak_not_their_sum() -> None:
+    """Requests decode a token a step and free their blocks when they end: streamed requests that started at
+    different times never hold all their longest at once, so more fit than prompt + max_tokens summed allows."""
+    from oomguard.proxy.admission import projected_peak_tokens
+
+    c, _ = make(("a",))
+    c.observe("a", 0.1, running=0, waiting=0)
+    c.set_kv_capacity("a", 1000, 1)
+    first, second, third = (Ticket(prompt_tokens=100, kv_tokens=400, stream=True) for _ in range(3))
+    for t in (first, second, third):
+        c.submit(t)
+    assert third.upstream is None           # none has progressed: 3 x 400 > 1000
+    c.progress(first, 90)                   # 190 held, 210 to go: at its end 400 + 310 + 310 = 1,020 > 1,000
+    assert third.upstream is None
+    c.progress(first, 250)                  # 350 held, 50 to go
+    # just before the first ends 400 + 150 + 150 = 700, then the second and third at their ends 800 <= 1000
+    # (by the sum of longest: 1,200)
+    assert third.upstream == "a"
+    # a request whose progress is never seen counts at its longest throughout
+    opaque = Ticket(prompt_tokens=100, kv_tokens=400)
+    assert projected_peak_tokens([opaque], Ticket(prompt_tokens=10, kv_tokens=20, stream=True)) == 400 + 20
+
+
+def test_projected_peak_is_exact_when_requests_decode_in_step() -> None:
+    from oomguard.proxy.admission import projected_peak_tokens
+
+    a = Ticket(prompt_tokens=50, kv_tokens=550, stream=True)                  # 50 held, 500 to go
+    b = Ticket(prompt_tokens=300, kv_tokens=400, stream=True, generated=60)   # 360 held, 40 to go
+    new = Ticket(prompt_tokens=0, kv_tokens=1, stream=True)
+    # 1 step: 51 + 361 + 1 = 413; 40 steps (b ends): 90 + 400 = 490; 500 steps: a alone at 550
+    assert projected_peak_tokens([a, b], new) == 550
+    assert projected_peak_tokens([a, b], new) <= sum(t.kv_tokens for t in (a, b, new))

@@ -104,6 +104,7 @@ class Upstream:
     kv_capacity_tokens: int | None = None
     block_size: int = 1
     kv_tokens_in_flight: int = 0
+    tickets: set = field(default_factory=set)  # the requests in flight here (for the projected KV peak)
     models: frozenset[str] | None = None  # model ids from /v1/models; None = unknown
     max_model_len: int | None = None
     admitted_total: int = 0
@@ -129,6 +130,8 @@ class Ticket:
     priority: Priority = Priority.NORMAL
     prompt_tokens: int = 0
     kv_tokens: int = 0   # what the request may hold in the KV cache at its longest: prompt + max_tokens
+    stream: bool = False   # its tokens are streamed, so the shell reports its progress (`progress`)
+    generated: int = 0     # output tokens seen so far
     model: str | None = None
     enqueued_at: float = 0.0
     deadline: float = math.inf
@@ -283,6 +286,13 @@ class AdmissionController:
     def timeout_rejection(self, ticket: Ticket) -> Rejection:
         return self._rejection(429, "queue_timeout", self.position(ticket) or self.queue_length() or 1)
 
+    def progress(self, ticket: Ticket, generated: int) -> list[Ticket]:
+        """`generated` output tokens of a streamed `ticket` have been seen: the KV peak it projects moves earlier."""
+        if generated <= ticket.generated or ticket.released or ticket.upstream is None:
+            return []
+        ticket.generated = generated
+        return self.dispatch()
+
     def release(self, ticket: Ticket, completed: bool = True) -> list[Ticket]:
         """The response for `ticket` ended. Frees its slot; returns the tickets dispatched into it."""
         if ticket.released or ticket.upstream is None:
@@ -381,7 +391,7 @@ class AdmissionController:
             if cap is not None and up.in_flight > 0 and up.prompt_tokens_in_flight + ticket.prompt_tokens > cap:
                 continue
             if up.kv_capacity_tokens and up.in_flight > 0 and \
-                    up.kv_tokens_in_flight + self._blocks(ticket, up) > up.kv_capacity_tokens:
+                    projected_peak_tokens(up.tickets, ticket, up.block_size) > up.kv_capacity_tokens:
                 continue   # it could run out of blocks and preempt; the one request alone always goes
             kv = up.kv_usage or 0.0
             key = (math.floor(kv / limits.kv_step + 1e-9) if limits.kv_step > 0 else kv,
@@ -397,9 +407,11 @@ class AdmissionController:
         up.prompt_tokens_in_flight += ticket.prompt_tokens
         up.kv_tokens_in_flight += self._blocks(ticket, up)
         up.admitted_total += 1
+        up.tickets.add(ticket)
 
     def _unassign(self, ticket: Ticket) -> None:
         up = self.upstreams[ticket.upstream]
+        up.tickets.discard(ticket)
         up.in_flight = max(0, up.in_flight - 1)
         up.prompt_tokens_in_flight = max(0, up.prompt_tokens_in_flight - ticket.prompt_tokens)
         up.kv_tokens_in_flight = max(0, up.kv_tokens_in_flight - self._blocks(ticket, up))
@@ -442,6 +454,34 @@ class AdmissionController:
             else:
                 parts.append(f"{up.name}: open")
         return "; ".join(parts)
+
+
+def projected_peak_tokens(in_flight: Iterable[Ticket], new: Ticket, block_size: int = 1) -> int:
+    """The most KV tokens the requests in flight and `new` will hold at once, in whole blocks per request.
+
+    The engine decodes every running request one token a step (continuous batching) and frees a request's blocks
+    when it ends, so a streamed request with h tokens held and r still to generate holds h + t + 1 tokens t steps
+    from now while t < r: the sum over those still running peaks just before one of them ends. A request whose
+    progress is not seen (not streamed) counts at its longest, prompt + max_tokens, throughout. Never more than the
+    sum of every request's longest (what admitting by max_tokens alone reserves), and exact when the requests
+    decode in step."""
+    fixed, growing = 0, []
+    for t in (*in_flight, new):
+        if t.stream:
+            held = t.prompt_tokens + t.generated
+            growing.append((max(t.kv_tokens - held, 0), held))
+        else:
+            fixed += -(-t.kv_tokens // block_size) * block_size
+    # ascending by tokens left; walking the moments just before each ends, the ones before it have freed theirs
+    growing.sort()
+    alive, held_alive, peak = len(growing), sum(h for _, h in growing), 0
+    slack = block_size - 1   # each running request's last block may be partly empty
+    for left, held in growing:
+        step = max(left - 1, 0)
+        peak = max(peak, held_alive + alive * (min(step, left) + 1 if left else 0) + alive * slack)
+        alive -= 1
+        held_alive -= held
+    return fixed + peak
 
 
 def _serves(up: Upstream, model: str | None) -> bool:

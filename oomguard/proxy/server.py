@@ -290,7 +290,7 @@ class ProxyServer:
 
         # ---- admission
         ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model,
-                        kv_tokens=self._kv_tokens(payload, prompt_tokens) if guarded else 0)
+                        kv_tokens=self._kv_tokens(payload, prompt_tokens) if guarded else 0, stream=stream)
         decision = self.controller.submit(ticket)
         self._wake(decision.dispatched)
         for victim, rejection in decision.evicted:
@@ -428,7 +428,7 @@ class ProxyServer:
                 self._learn_prompt_tokens(ticket, data)
                 proto.response_bytes(resp.status, out_headers, data)
                 return resp.status
-            tail = await self._stream(proto, resp, out_headers, is_sse, name, info)
+            tail = await self._stream(proto, resp, out_headers, is_sse, name, info, ticket)
             self._learn_prompt_tokens(ticket, tail)
             finished = info.get("reason") != "upstream_died"
             return resp.status
@@ -447,14 +447,15 @@ class ProxyServer:
             self.prompt_ratio.observe(ticket.prompt_tokens, int(found.group(1)))
 
     async def _stream(self, proto: Any, resp: aiohttp.ClientResponse, out_headers: list, is_sse: bool,
-                      name: str, info: dict) -> bytes:
-        """Forward the body as it comes; returns its last bytes (where an SSE stream's usage is)."""
+                      name: str, info: dict, ticket: Ticket | None = None) -> bytes:
+        """Forward the body as it comes; returns its last bytes (where an SSE stream's usage is). Each streamed event
+        carries at least one token: their count is the request's progress, for the KV peak admission projects."""
         if is_sse:
             out_headers = [(k, v) for k, v in out_headers if k.lower() != "cache-control"]
             out_headers += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
         transport = proto.response_stream(resp.status, out_headers)
         pending = last = b""
-        sent = 0
+        sent = events = 0
         try:
             async for chunk in iter_body(resp):
                 if is_sse:
@@ -466,6 +467,9 @@ class ProxyServer:
                         continue
                     pending = buf[cut:]
                     chunk = buf[:cut]
+                    if ticket is not None and ticket.stream:
+                        events += chunk.count(b"\n\n")
+                        self._wake(self.controller.progress(ticket, events))
                 await _send(transport, chunk)
                 sent += len(chunk)
                 last = chunk if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
