@@ -44,7 +44,8 @@ def _machine(args: argparse.Namespace):
     return resolve_gpu(found[0].spec, None, args.interconnect), args.gpu_count or len(found), free, (note,)
 
 
-def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -> int:
+def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict, topology=None,
+                  extra: tuple[str, ...] = ()) -> int:
     from oomguard.engines.llamacpp.fit import plan_for_workload
     from oomguard.engines.vllm.versions import NEWEST, parse_version
     from oomguard.gpus.catalog import list_gpus
@@ -72,9 +73,17 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -
     variants = [] if args.no_other_checkpoints or model.quant else precision_variants(model)
     rec = recommend(model, gpu, gpu_count, workload, version, args.objective, variants=variants,
                     free_memory_bytes=free, usage_context=fixed.pop("usage_context", "serve"), fixed=fixed,
-                    gpus=list_gpus(), llamacpp_planner=plan_for_workload)
+                    gpus=list_gpus(), llamacpp_planner=plan_for_workload, topology=topology)
+    if topology is not None and rec.chosen is not None:
+        c = rec.chosen.config
+        note = topology.assumption(c.tensor_parallel_size, c.pipeline_parallel_size, gpu.interconnect)
+        notes += (note,) if note else ()
     if notes:
         from dataclasses import replace
         rec = replace(rec, notes=rec.notes + notes)
+    from oomguard.plan.command import MANIFESTS
+    if args.format in MANIFESTS:
+        from oomguard.plan.manifest import write_recommend_manifest
+        return write_recommend_manifest(args.format, rec, topology, extra)
     print_recommendation(rec, "json" if args.json else args.format, args.top)
     return 0 if rec.chosen is not None else 1
