@@ -5,10 +5,11 @@ extension after v1.5.0; KServe's and llm-d's InferencePools run its image). It r
 `inference.networking.x-k8s.io/v1alpha1`, the group every release of the EPP has read (llm-d-router also reads
 `llm-d.ai/v1alpha1`, its newer name). No Go code: stock plugins only.
 
-* Saturation (flow control): `concurrency-detector` in tokens mode with `maxTokenConcurrency` = the safety margin
-  (90%, oomguard's pause watermark) of the KV cache tokens the plan gives one replica, and `maxConcurrency` = the
-  same margin of the requests it holds at once; the detector also filters out an endpoint at its limit
-  (`headroom` 0: no burst past the plan). EPP defaults without a plan: 1,000,000 tokens and 100 requests.
+* Saturation (flow control): `concurrency-detector` in hybrid mode (requests and tokens both counted, an endpoint
+  saturated on either) with `maxTokenConcurrency` = the safety margin (90%, oomguard's pause watermark) of the KV
+  cache tokens the plan gives one replica, and `maxConcurrency` = the same margin of the requests it holds at once;
+  the detector also filters out an endpoint at either limit (`headroom` 0: no burst past the plan). The EPP's
+  defaults without a plan: 1,000,000 tokens and 100 requests, whatever the GPU.
 * Admission signals: a second metrics source reads the `oomguard proxy` running beside each engine (its /metrics
   on OOMGUARD_METRICS_PORT); the core metrics extractor's `customMetrics` turn its per-engine gauges into endpoint
   attributes; `endpoint-attribute-filter` keeps the endpoints oomguard admits to (the 90/80 hysteresis), and
@@ -56,7 +57,7 @@ def document(d: Deployment) -> dict:
              {"attributeKey": ADMIT_ATTRIBUTE, "metricSpec": metric_names.ADMIT},
              {"attributeKey": HEADROOM_ATTRIBUTE, "metricSpec": metric_names.KV_HEADROOM_TOKENS}]}]}},
         {"name": SATURATION, "type": "concurrency-detector",
-         "parameters": {"concurrencyMode": "tokens", "maxTokenConcurrency": d.admit_kv_tokens,
+         "parameters": {"concurrencyMode": "hybrid", "maxTokenConcurrency": d.admit_kv_tokens,
                         "maxConcurrency": d.admit_concurrency, "headroom": 0.0}},
         {"name": ADMIT_FILTER, "type": "endpoint-attribute-filter",
          "parameters": {"attribute": ADMIT_ATTRIBUTE, "onMissing": "Pass", "fallbackOnEmpty": True,
