@@ -66,7 +66,8 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     flags = {**serve_flags(report), "quantization": quantization}
     data["command"] = format_vllm_command(report.model_id, flags, extra)
     data["llm_kwargs"] = format_llm_kwargs(report.model_id, flags)
-    data["yaml"] = format_yaml_config(report.model_id, flags)
+    if as_json or output == "yaml":   # PyYAML is imported only for the outputs that carry the file
+        data["yaml"] = format_yaml_config(report.model_id, flags)
     if nearest is not None:   # a failing plan: the nearest configuration that starts (plan/nearest.py)
         data["nearest_start"] = {**nearest.to_dict(), "command": format_vllm_command(
             report.model_id, {**serve_flags(nearest.report), "quantization": nearest.changes.get(
