@@ -181,6 +181,14 @@ def test_multi_node_plans_tp_within_a_node_and_pp_across_nodes(capsys):
     assert model["vllmConfig"]["tensorParallelSize"] == 8 and model["vllmConfig"]["pipelineParallelSize"] == 2
 
 
+def test_a_model_that_fits_one_node_takes_one_node(capsys):
+    code, out, _ = run(["meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--nodes", "2", "--gpus-per-node", "8",
+                        "--max-model-len", "16384", "--json"], capsys)
+    plan = json.loads(out)
+    assert code == 0 and plan["config"]["tensor_parallel_size"] == 8 and plan["config"]["pipeline_parallel_size"] == 1
+    assert "vLLM starts on 1 of the 2 nodes given" in plan["assumptions"][-1]
+
+
 def test_a_workload_across_nodes_keeps_the_model_before_quantizing_it(capsys):
     # 405B in bf16 does not fit one node of 8 H100s; with four nodes given the search spreads pipeline stages over
     # nodes rather than quantize (keep-model), TP staying within a node

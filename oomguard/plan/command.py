@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nodes = parser.add_argument_group("across nodes (TP within a node, pipeline stages across nodes)")
     nodes.add_argument("--nodes", type=_count, metavar="N", help="nodes one replica may span")
     nodes.add_argument("--gpus-per-node", type=_count, metavar="G",
-                       help="GPUs of each node; without -tp/-pp a plan takes -tp G -pp N")
+                       help="GPUs of each node; without -tp/-pp a plan takes -tp G on the fewest nodes it starts on")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-models", action="store_true", help="list the model catalog and exit")
     add_flags(parser)
@@ -174,17 +174,18 @@ def run(args: argparse.Namespace) -> int:
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
         if flags.get(name, 1) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {flags[name]}")
-    if topology is not None:
-        _lay_out(flags, topology)
-    world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
-        "data_parallel_size", 1)
     model = resolve_model(words[0], args.model_config, args.like)
     gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
-    gpu_count = args.gpu_count or world
-    report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
-                     free_memory_gib=args.free_memory)
     if topology is not None:
-        report = _with_topology_note(report, topology, gpu)
+        report = _plan_on_nodes(model, gpu, flags, topology, args)
+        # the nearest start may widen TP only within a node
+        gpu_count = topology.gpus_per_node * flags.get("pipeline_parallel_size", 1)
+    else:
+        world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
+            "data_parallel_size", 1)
+        gpu_count = args.gpu_count or world
+        report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
+                         free_memory_gib=args.free_memory)
     nearest = None
     if report.verdict == "fails":
         from oomguard.engines.vllm.versions import parse_version
@@ -219,18 +220,32 @@ def _topology(args: argparse.Namespace):
     return topology
 
 
-def _lay_out(flags: dict, topology) -> None:
-    """Without -tp/-pp a plan across nodes takes TP = the GPUs of a node and PP = the nodes; given ones are checked."""
-    if "tensor_parallel_size" not in flags and "pipeline_parallel_size" not in flags:
-        flags["tensor_parallel_size"] = topology.gpus_per_node
-        if topology.nodes > 1:
-            flags["pipeline_parallel_size"] = topology.nodes
-    topology.nodes_for(flags.get("tensor_parallel_size", 1), flags.get("pipeline_parallel_size", 1))
-
-
-def _with_topology_note(report, topology, gpu):
+def _plan_on_nodes(model, gpu, flags: dict, topology, args: argparse.Namespace):
+    """A plan across nodes: TP within a node, pipeline stages across nodes. Without -tp/-pp, TP = the GPUs of a node
+    on the fewest nodes vLLM starts on (all of them when it starts on none); given sizes are checked against the
+    nodes. `flags` ends up with the sizes planned; the report's assumptions say how the nodes are used."""
     from dataclasses import replace
 
-    note = topology.assumption(report.config["tensor_parallel_size"], report.config["pipeline_parallel_size"],
-                               gpu.interconnect)
-    return replace(report, assumptions=report.assumptions + (note,)) if note else report
+    from oomguard.plan.api import predict
+
+    auto = "tensor_parallel_size" not in flags and "pipeline_parallel_size" not in flags
+    if auto:
+        flags["tensor_parallel_size"] = topology.gpus_per_node
+    tp = flags.get("tensor_parallel_size", 1)
+    stages = range(1, topology.nodes + 1) if auto else (flags.get("pipeline_parallel_size", 1),)
+    for pp in stages:
+        topology.nodes_for(tp, pp)
+        if auto:
+            flags.pop("pipeline_parallel_size", None)
+            if pp > 1:
+                flags["pipeline_parallel_size"] = pp
+        report = predict(model, gpu, gpu_count=topology.gpus, vllm_version=args.vllm_version, flags=flags,
+                         free_memory_gib=args.free_memory)
+        if report.verdict == "starts":
+            break
+    notes = [topology.assumption(tp, pp, gpu.interconnect)]
+    if auto and topology.nodes > 1:
+        notes.append(f"-tp {tp} -pp {pp}: vLLM starts on {pp} of the {topology.nodes} nodes given"
+                     if report.verdict == "starts" else
+                     f"-tp {tp} -pp {pp}: vLLM starts on none of 1 to {topology.nodes} nodes; planned on all of them")
+    return replace(report, assumptions=report.assumptions + tuple(n for n in notes if n))

@@ -2,7 +2,8 @@
 
 Tensor parallelism stays within a node (its all-reduce runs every layer, over NVLink or PCIe); pipeline stages go
 across nodes (one activation send per stage boundary and step), as vLLM's multi-node guide and Ray's PACK placement
-do: `--nodes N --gpus-per-node G` plans TP = G and PP = N unless told otherwise.
+do: `--nodes N --gpus-per-node G` plans TP = G and one pipeline stage per node, on the fewest nodes that start it,
+unless told otherwise.
 """
 
 from __future__ import annotations
