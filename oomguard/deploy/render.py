@@ -25,15 +25,19 @@ def summary(d: Deployment, probe: bool) -> list[str]:
     lines = [
         f"vLLM {d.vllm_version}; one replica = {d.nodes} node(s) x {d.gpus_per_node} GPU(s), tensor parallel "
         f"{d.tensor_parallel_size} x pipeline parallel {d.pipeline_parallel_size}",
-        f"planned per replica: KV cache {d.kv_cache_tokens:,} tokens, {d.max_concurrency} requests at once; a router "
+        f"planned per replica: KV cache {d.kv_cache_tokens:,} tokens, {_requests(d.max_concurrency)} at once; a router "
         f"may put {KV_SAFETY_MARGIN:.0%} of them on it (oomguard pauses at 90% KV, resumes below 80%): "
-        f"{d.admit_kv_tokens:,} tokens, {d.admit_concurrency} requests",
+        f"{d.admit_kv_tokens:,} tokens, {_requests(d.admit_concurrency)}",
     ]
     if probe:
         lines.append(f"startup probe: {ENGINE_START_SECONDS} s engine start + {per_node:.1f} GiB of weights per node "
                      f"at {LOAD_BYTES_PER_SECOND / 1e6:.0f} MB/s = {d.startup_seconds} s "
                      f"({d.startup_failure_threshold} probes {PROBE_PERIOD_SECONDS} s apart)")
     return lines
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" + ("" if n == 1 else "s")
 
 
 def render(fmt: str, d: Deployment, command: str) -> str:

@@ -53,7 +53,6 @@ class Deployment:
     max_concurrency: int            # requests the replica holds at once without preempting (<= max_num_seqs)
     weights_bytes: int              # the replica's weights over all its GPUs
     host_memory_bytes: int          # CPU memory the plan gives offloading (swap space, KV offloading), all GPUs
-    max_model_len: int
     vllm_version: str
     gpu_key: str                    # the GPU catalog's key, e.g. "h100-sxm-80gb"
     gpu_vendor: str                 # "nvidia" / "amd"
@@ -161,6 +160,5 @@ def deployment(model_id: str, flags: Mapping[str, Any], report, gpu, *, topology
         model_id=model_id, flags=MappingProxyType(flags), extra_args=portable_extra(tuple(extra)), nodes=nodes,
         gpus_per_node=tp * pp // nodes, kv_cache_tokens=report.kv_cache_tokens,
         max_concurrency=max(1, min(concurrency, report.config["max_num_seqs"])), weights_bytes=weights,
-        host_memory_bytes=report.host_memory_bytes,
-        max_model_len=report.max_model_len, vllm_version=report.vllm_version, gpu_key=gpu.key,
+        host_memory_bytes=report.host_memory_bytes, vllm_version=report.vllm_version, gpu_key=gpu.key,
         gpu_vendor=gpu.vendor)

@@ -37,8 +37,8 @@ def write_recommend_manifest(fmt: str, rec, topology, extra: tuple[str, ...] = (
     """The chosen configuration's manifest: it holds the workload's peak (that is why it was chosen)."""
     chosen = rec.chosen
     if chosen is None:
-        print(f"oomguard: nothing fits this workload ({rec.no_fit.breaks}); no {fmt} manifest written "
-              "(`--format table` shows the smallest changes that would fit)", file=sys.stderr)
+        print(_one_line(f"oomguard: nothing fits this workload ({rec.no_fit.breaks}); no {fmt} manifest written "
+                        "(`--format table` shows the smallest changes that would fit)"), file=sys.stderr)
         return 1
     return _write(fmt, chosen.report, rec.gpu, chosen.command_flags(), extra, topology, rec.workload.peak_concurrency,
                   model_id=chosen.checkpoint.model.model_id)
@@ -59,7 +59,11 @@ def _refuse(fmt: str, report, hint: str) -> int:
         why = f"vLLM fails to start ({report.error_class}): {report.error}"
     else:
         why = f"vLLM may not start: the estimates' uncertainty reaches {'; '.join(report.risks)}"
-    why = " ".join(why.split())   # one line, whatever vLLM's message holds
-    print(f"oomguard: {why}; no {fmt} manifest written (only a configuration that starts gets one){hint}",
+    print(_one_line(f"oomguard: {why}; no {fmt} manifest written (only a configuration that starts gets one){hint}"),
           file=sys.stderr)
     return EXIT_CODES[report.verdict]
+
+
+def _one_line(text: str) -> str:
+    """One line, whatever vLLM's or the search's message holds."""
+    return " ".join(text.split())

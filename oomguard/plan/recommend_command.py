@@ -69,6 +69,8 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict, t
     if fixed.get("max_model_len", workload.p99_tokens) < workload.p99_tokens:
         raise UsageError(f"--max-model-len {fixed['max_model_len']} is below your p99 of {workload.p99_tokens} "
                          "tokens: requests that long would be refused; drop --max-model-len to let the search pick")
+    if topology is not None and "tensor_parallel_size" in fixed:   # given sizes must keep TP within a node
+        topology.nodes_for(fixed["tensor_parallel_size"], fixed.get("pipeline_parallel_size", 1))
     version = parse_version(args.vllm_version) if args.vllm_version else NEWEST
     variants = [] if args.no_other_checkpoints or model.quant else precision_variants(model)
     rec = recommend(model, gpu, gpu_count, workload, version, args.objective, variants=variants,

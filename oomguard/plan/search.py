@@ -216,7 +216,8 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
     """Every candidate configuration, feasible ones first in `objective` order, then the closest misses.
 
     `fixed` pins vLLM settings the user gave on the command line (they are not searched). `topology` (nodes of
-    G GPUs): TP only within a node, and pipeline stages, one node each, only when one node cannot serve the peak.
+    G GPUs): TP only within a node, whole nodes for a replica that spans several, and 2 to N pipeline stages only
+    when one node cannot serve the peak at the model's own precision.
     """
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown --objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
