@@ -227,6 +227,7 @@ def timeseries(runner: Runner) -> dict[str, Any]:
         "kv_usage": [_r(p.kv_usage, 4) for p in pts],
         "running": [p.running for p in pts],
         "waiting": [p.waiting for p in pts],
+        "waiting_capacity": [p.waiting_capacity for p in pts],
         "preemptions_total": [p.preemptions_total for p in pts],
         "gpu_used_bytes": [p.gpu_used_bytes for p in pts],
     }

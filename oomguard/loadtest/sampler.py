@@ -22,6 +22,7 @@ class MetricPoint:
     kv_usage: float | None = None
     running: float | None = None
     waiting: float | None = None
+    waiting_capacity: float | None = None   # of `waiting`: for KV blocks or a slot (vLLM's by-reason split)
     preemptions_total: float | None = None
     gpu_used_bytes: int | None = None
     gpu_total_bytes: int | None = None
@@ -85,7 +86,7 @@ class MetricsSampler:
             return False
         self.engine = sample.engine
         self.cache_config = dict(sample.cache_config)
-        self.reported = {name for name in ("kv_usage", "running", "waiting", "preemptions_total")
+        self.reported = {name for name in ("kv_usage", "running", "waiting", "waiting_capacity", "preemptions_total")
                          if getattr(sample, name) is not None}
         return True
 
@@ -121,6 +122,7 @@ class MetricsSampler:
                 point.kv_usage = sample.kv_usage
                 point.running = sample.running
                 point.waiting = sample.waiting
+                point.waiting_capacity = sample.waiting_capacity
                 point.preemptions_total = sample.preemptions_total
         if self._gpu is not None:
             got = await asyncio.to_thread(self._gpu)

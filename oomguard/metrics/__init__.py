@@ -27,6 +27,8 @@ class EngineSample:
     kv_usage: float | None = None  # 0..1 fraction of KV blocks in use
     running: float | None = None
     waiting: float | None = None
+    waiting_capacity: float | None = None  # of `waiting`: for KV blocks or a scheduler slot (vLLM's by-reason split)
+    waiting_deferred: float | None = None  # of `waiting`: on something else (a grammar, a KV transfer, a LoRA slot)
     swapped: float | None = None
     preemptions_total: float | None = None
     prefix_cache_queries_total: float | None = None
@@ -85,6 +87,8 @@ def parse_metrics(text: str) -> EngineSample:
 
     totals: dict[str, float] = {}
     maxima: dict[str, float] = {}
+    labelled: dict[tuple[str, str, str], float] = {}   # (name, label, value) -> sum, for the engines' LABELLED
+    wanted = {(name, label) for table in ENGINES.values() for name, label, _ in getattr(table, "LABELLED", {}).values()}
     cache_config: dict[str, str] = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -94,6 +98,10 @@ def parse_metrics(text: str) -> EngineSample:
                 maxima[sample.name] = max(maxima.get(sample.name, value), value)
                 if sample.name == _vllm.CACHE_CONFIG_INFO:
                     cache_config = dict(sample.labels)
+                for name, label in wanted:
+                    if sample.name == name and label in sample.labels:
+                        key = (name, label, sample.labels[label])
+                        labelled[key] = labelled.get(key, 0.0) + value
     except (ValueError, TypeError, IndexError) as exc:
         raise MetricsParseError(f"not a Prometheus metrics page: {exc}") from exc
 
@@ -105,4 +113,7 @@ def parse_metrics(text: str) -> EngineSample:
                 if name in totals:
                     values[canonical] = maxima[name] if canonical in _MAX_FIELDS else totals[name]
                     break
+        for canonical, key in getattr(ENGINES[engine], "LABELLED", {}).items():
+            if key[0] in totals:   # the family is exported: a reason with no sample waits 0
+                values[canonical] = labelled.get(key, 0.0)
     return EngineSample(engine=engine, cache_config=cache_config, raw=totals, **values)

@@ -86,3 +86,20 @@ def free_memory_bytes(gpu: GpuSpec, free_gib: float | None) -> int | None:
     if not 0 < free_gib * GiB <= gpu.total_memory_bytes:   # NaN fails here too
         raise UsageError(f"--free-memory must be between 0 and the GPU's {gpu.total_memory_bytes / GiB:.2f} GiB")
     return int(free_gib * GiB)
+
+
+def serve_flags(report: MemoryReport) -> dict:
+    """The vLLM flags (by dest) of the `vllm serve` line a plan prints: the settings that decide memory, as resolved,
+    with vLLM's defaults left out; the deployment manifests carry the same (oomguard/deploy)."""
+    from oomguard.engines.vllm.flags import FEATURE_DESTS
+    c = report.config
+    flags = {k: c[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                               "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                               "kv_cache_dtype", "enforce_eager", "enable_prefix_caching", "cpu_offload_gb",
+                               "kv_cache_memory_bytes", "enable_expert_parallel")}
+    flags.update({k: v for k, v in c.items() if k in FEATURE_DESTS})
+    for key, default in (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("data_parallel_size", 1),
+                         ("kv_cache_dtype", "auto"), ("cpu_offload_gb", 0.0)):
+        if flags[key] == default:
+            flags[key] = None
+    return flags

@@ -13,7 +13,13 @@ examples:
   oomguard plan meta-llama/Llama-3.1-8B-Instruct --gpu rtx4090 --max-model-len 32768
   oomguard plan Qwen/Qwen2.5-72B-Instruct --gpu h100 --gpu-count 2 -tp 2 --vllm-version 0.19.0 --json
   oomguard plan -- vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 8192 --gpu-memory-utilization 0.85
+  oomguard plan meta-llama/Llama-3.1-405B-Instruct-FP8 --gpu h100 --nodes 2 --gpus-per-node 8 --format kserve
+
+--format kserve|llmd|prodstack|ray|epp writes the deployment for a configuration that starts (exit 0); for one that
+fails or is at risk it writes nothing and says why on stderr, with the verdict's exit code (1, 3).
 """
+
+MANIFESTS = ("kserve", "llmd", "prodstack", "ray", "epp")   # oomguard/deploy/render.py FORMATS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +57,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="how to rank the configurations that fit (default keep-model: the model you named at its "
                             "precision on the fewest GPUs, another checkpoint only when it cannot serve the peak)")
     group.add_argument("--top", type=_count, default=3, metavar="N", help="configurations to show (default 3)")
-    group.add_argument("--format", choices=("table", "json", "yaml"), default="table",
-                       help="yaml: a file for `vllm serve --config`; json: as --json")
+    parser.add_argument("--format", choices=("table", "json", "yaml", *MANIFESTS), default="table",
+                        help="yaml: a file for `vllm serve --config`; json: as --json; kserve: a KServe "
+                             "LLMInferenceService; llmd: llm-d-modelservice Helm values; prodstack: production-stack "
+                             "Helm values; ray: a Ray Serve LLM config; epp: an EndpointPickerConfig (Gateway API "
+                             "Inference Extension) sized by the plan")
     group.add_argument("--no-other-checkpoints", action="store_true",
                        help="only this checkpoint (and online fp8), not its quantized copies in the catalog")
+    nodes = parser.add_argument_group("across nodes (TP within a node, pipeline stages across nodes)")
+    nodes.add_argument("--nodes", type=_count, metavar="N", help="nodes one replica may span")
+    nodes.add_argument("--gpus-per-node", type=_count, metavar="G",
+                       help="GPUs of each node; without -tp/-pp a plan takes -tp G on the fewest nodes it starts on")
     parser.add_argument("--list-gpus", action="store_true", help="list the GPU catalog and exit")
     parser.add_argument("--list-models", action="store_true", help="list the model catalog and exit")
     add_flags(parser)
@@ -70,7 +83,8 @@ def _count(text: str) -> int:
 
 # oomguard's own options a user may type after a pasted command (`... -- vllm serve M --gpu h100`)
 _OWN_OPTIONS = {"--gpu": str, "--gpu-memory": float, "--gpu-count": int, "--free-memory": float,
-                "--vllm-version": str, "--model-config": str, "--json": None, "--llm-class": None}
+                "--vllm-version": str, "--model-config": str, "--json": None, "--llm-class": None,
+                "--nodes": int, "--gpus-per-node": int}
 
 
 def _lift_own_options(words: list[str], args: argparse.Namespace) -> list[str]:
@@ -138,33 +152,100 @@ def run(args: argparse.Namespace) -> int:
         ignored, extra = pasted.ignored, pasted.extra
     if not words and args.model_config:
         words = [None]
+    topology = _topology(args)
+    if args.json and args.format in MANIFESTS:
+        raise UsageError(f"--json prints the plan, --format {args.format} the deployment: give one of them")
     gguf = next((w for w in (args.model_config, *words[:1]) if w and w.lower().endswith(".gguf")), None)
     if gguf is not None:
+        if args.format in MANIFESTS or topology is not None:
+            raise UsageError("--format kserve|llmd|prodstack|ray|epp and --nodes plan vLLM deployments; a GGUF file "
+                             "is planned for llama.cpp on one machine")
         from oomguard.plan.gguf_command import run_gguf
         return run_gguf(args, gguf, flags, extra)
     if len(words) != 1:
         raise UsageError("give one model id (or paste a whole command after --: oomguard plan -- vllm serve MODEL ...)")
     if args.llm_class:
+        if args.format in MANIFESTS:
+            raise UsageError(f"--format {args.format} deploys `vllm serve`; --llm-class plans the LLM(...) class")
         flags["usage_context"] = "llm"
     if args.p99_tokens or args.peak_concurrency or args.workload:
         from oomguard.plan.recommend_command import run_recommend
-        return run_recommend(args, words[0], flags)
+        return run_recommend(args, words[0], flags, topology, extra)
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
         if flags.get(name, 1) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {flags[name]}")
-    world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
-        "data_parallel_size", 1)
     model = resolve_model(words[0], args.model_config, args.like)
     gpu = resolve_gpu(args.gpu, args.gpu_memory, args.interconnect)
-    gpu_count = args.gpu_count or world
-    report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
-                     free_memory_gib=args.free_memory)
+    if topology is not None:
+        report = _plan_on_nodes(model, gpu, flags, topology, args)
+        # the nearest start may widen TP only within a node
+        gpu_count = topology.gpus_per_node * flags.get("pipeline_parallel_size", 1)
+    else:
+        world = flags.get("tensor_parallel_size", 1) * flags.get("pipeline_parallel_size", 1) * flags.get(
+            "data_parallel_size", 1)
+        gpu_count = args.gpu_count or world
+        report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
+                         free_memory_gib=args.free_memory)
     nearest = None
     if report.verdict == "fails":
         from oomguard.engines.vllm.versions import parse_version
         from oomguard.plan.nearest import nearest_start
         nearest = nearest_start(model, gpu, engine_config(flags), parse_version(report.vllm_version), gpu_count,
                                 report, free_memory_bytes(gpu, args.free_memory))
+    if args.format in MANIFESTS:
+        from oomguard.plan.manifest import write_plan_manifest
+        return write_plan_manifest(args.format, report, gpu, flags, extra, topology, nearest)
     render.print_report(report, as_json=args.json or args.format == "json", ignored=ignored,
                         quantization=flags.get("quantization"), extra=extra, output=args.format, nearest=nearest)
     return {"starts": 0, "fails": 1, "at_risk": 3}[report.verdict]
+
+
+def _topology(args: argparse.Namespace):
+    """--nodes N --gpus-per-node G as a Topology (None when neither is given); sets --gpu-count to N x G."""
+    from oomguard.errors import UsageError
+    from oomguard.plan.topology import Topology
+
+    if args.nodes is None and args.gpus_per_node is None:
+        return None
+    if args.gpus_per_node is None:
+        raise UsageError("--nodes needs --gpus-per-node G (the GPUs of each node)")
+    for option, value in (("--nodes", args.nodes), ("--gpus-per-node", args.gpus_per_node)):
+        if value is not None and value < 1:   # argparse checks these; a pasted command's trailing options are not
+            raise UsageError(f"{option} must be a positive integer, got {value}")
+    topology = Topology(args.nodes or 1, args.gpus_per_node)
+    if args.gpu_count is not None and args.gpu_count != topology.gpus:
+        raise UsageError(f"--gpu-count {args.gpu_count} disagrees with --nodes x --gpus-per-node = {topology.gpus}: "
+                         "give one or the other")
+    args.gpu_count = topology.gpus
+    return topology
+
+
+def _plan_on_nodes(model, gpu, flags: dict, topology, args: argparse.Namespace):
+    """A plan across nodes: TP within a node, pipeline stages across nodes. Without -tp/-pp, TP = the GPUs of a node
+    on the fewest nodes vLLM starts on (all of them when it starts on none); given sizes are checked against the
+    nodes. `flags` ends up with the sizes planned; the report's assumptions say how the nodes are used."""
+    from dataclasses import replace
+
+    from oomguard.plan.api import predict
+
+    auto = "tensor_parallel_size" not in flags and "pipeline_parallel_size" not in flags
+    if auto:
+        flags["tensor_parallel_size"] = topology.gpus_per_node
+    tp = flags.get("tensor_parallel_size", 1)
+    stages = range(1, topology.nodes + 1) if auto else (flags.get("pipeline_parallel_size", 1),)
+    for pp in stages:
+        topology.nodes_for(tp, pp)
+        if auto:
+            flags.pop("pipeline_parallel_size", None)
+            if pp > 1:
+                flags["pipeline_parallel_size"] = pp
+        report = predict(model, gpu, gpu_count=topology.gpus, vllm_version=args.vllm_version, flags=flags,
+                         free_memory_gib=args.free_memory)
+        if report.verdict == "starts":
+            break
+    notes = [topology.assumption(tp, pp, gpu.interconnect)]
+    if auto and topology.nodes > 1:
+        notes.append(f"-tp {tp} -pp {pp}: vLLM starts on {pp} of the {topology.nodes} nodes given"
+                     if report.verdict == "starts" else
+                     f"-tp {tp} -pp {pp}: vLLM starts on none of 1 to {topology.nodes} nodes; planned on all of them")
+    return replace(report, assumptions=report.assumptions + tuple(n for n in notes if n))

@@ -160,11 +160,12 @@ def _native_label(result: SearchResult) -> str | None:
 
 def recommend(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, version, objective: str, *,
               variants: list[ModelSpec] = (), free_memory_bytes: int | None = None, usage_context: str = "serve",
-              fixed: dict | None = None, gpus: list[GpuSpec] = (), llamacpp_planner=None) -> Recommendation:
+              fixed: dict | None = None, gpus: list[GpuSpec] = (), llamacpp_planner=None,
+              topology=None) -> Recommendation:
     from oomguard.engines.vllm.versions import fmt
 
     result = search(model, gpu, gpu_count, workload, version, objective, variants=list(variants),
-                    free_memory_bytes=free_memory_bytes, usage_context=usage_context, fixed=fixed)
+                    free_memory_bytes=free_memory_bytes, usage_context=usage_context, fixed=fixed, topology=topology)
     if result.best is not None:
         why = tuple(explain(result, result.best, workload, model, free_memory_bytes))
         return Recommendation(model, gpu, gpu_count, workload, fmt(version), result, why, None)

@@ -44,7 +44,8 @@ def _machine(args: argparse.Namespace):
     return resolve_gpu(found[0].spec, None, args.interconnect), args.gpu_count or len(found), free, (note,)
 
 
-def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -> int:
+def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict, topology=None,
+                  extra: tuple[str, ...] = ()) -> int:
     from oomguard.engines.llamacpp.fit import plan_for_workload
     from oomguard.engines.vllm.versions import NEWEST, parse_version
     from oomguard.gpus.catalog import list_gpus
@@ -68,13 +69,23 @@ def run_recommend(args: argparse.Namespace, model_id: str | None, flags: dict) -
     if fixed.get("max_model_len", workload.p99_tokens) < workload.p99_tokens:
         raise UsageError(f"--max-model-len {fixed['max_model_len']} is below your p99 of {workload.p99_tokens} "
                          "tokens: requests that long would be refused; drop --max-model-len to let the search pick")
+    if topology is not None and "tensor_parallel_size" in fixed:   # given sizes must keep TP within a node
+        topology.nodes_for(fixed["tensor_parallel_size"], fixed.get("pipeline_parallel_size", 1))
     version = parse_version(args.vllm_version) if args.vllm_version else NEWEST
     variants = [] if args.no_other_checkpoints or model.quant else precision_variants(model)
     rec = recommend(model, gpu, gpu_count, workload, version, args.objective, variants=variants,
                     free_memory_bytes=free, usage_context=fixed.pop("usage_context", "serve"), fixed=fixed,
-                    gpus=list_gpus(), llamacpp_planner=plan_for_workload)
+                    gpus=list_gpus(), llamacpp_planner=plan_for_workload, topology=topology)
+    if topology is not None and rec.chosen is not None:
+        c = rec.chosen.config
+        note = topology.assumption(c.tensor_parallel_size, c.pipeline_parallel_size, gpu.interconnect)
+        notes += (note,) if note else ()
     if notes:
         from dataclasses import replace
         rec = replace(rec, notes=rec.notes + notes)
+    from oomguard.plan.command import MANIFESTS
+    if args.format in MANIFESTS:
+        from oomguard.plan.manifest import write_recommend_manifest
+        return write_recommend_manifest(args.format, rec, topology, extra)
     print_recommendation(rec, "json" if args.json else args.format, args.top)
     return 0 if rec.chosen is not None else 1

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import sys
 
-from oomguard.engines.vllm.flags import FEATURE_DESTS, format_llm_kwargs, format_vllm_command, format_yaml_config
+from oomguard.engines.vllm.flags import format_llm_kwargs, format_vllm_command, format_yaml_config
 from oomguard.engines.vllm.memory import MemoryReport
 from oomguard.failures import FailureClass
+from oomguard.plan.api import serve_flags
 from oomguard.units import GiB
 
 # (label, colour) of each slice of the bar, in the order vLLM fills the GPU
@@ -62,13 +63,14 @@ def print_report(report: MemoryReport, as_json: bool = False, ignored: tuple[str
     `output` "yaml": only the file for `vllm serve --config`."""
     data = report.to_dict()
     data["ignored_flags"] = list(ignored)
-    flags = {**_command_flags(report), "quantization": quantization}
+    flags = {**serve_flags(report), "quantization": quantization}
     data["command"] = format_vllm_command(report.model_id, flags, extra)
     data["llm_kwargs"] = format_llm_kwargs(report.model_id, flags)
-    data["yaml"] = format_yaml_config(report.model_id, flags)
+    if as_json or output == "yaml":   # PyYAML is imported only for the outputs that carry the file
+        data["yaml"] = format_yaml_config(report.model_id, flags)
     if nearest is not None:   # a failing plan: the nearest configuration that starts (plan/nearest.py)
         data["nearest_start"] = {**nearest.to_dict(), "command": format_vllm_command(
-            report.model_id, {**_command_flags(nearest.report), "quantization": nearest.changes.get(
+            report.model_id, {**serve_flags(nearest.report), "quantization": nearest.changes.get(
                 "quantization", quantization)}, extra)}
     if output == "yaml":
         sys.stdout.write(data["yaml"])
@@ -162,20 +164,6 @@ def print_breakdown(console, report: MemoryReport) -> None:
             console.print(f"Fix: --max-model-len {report.estimated_max_model_len} fits the KV cache you have.")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
-
-
-def _command_flags(report: MemoryReport) -> dict:
-    c = report.config
-    flags = {k: c[k] for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-                               "gpu_memory_utilization", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                               "kv_cache_dtype", "enforce_eager", "enable_prefix_caching", "cpu_offload_gb",
-                               "kv_cache_memory_bytes", "enable_expert_parallel")}
-    flags.update({k: v for k, v in c.items() if k in FEATURE_DESTS})
-    for key, default in (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("data_parallel_size", 1),
-                         ("kv_cache_dtype", "auto"), ("cpu_offload_gb", 0.0)):
-        if flags[key] == default:
-            flags[key] = None
-    return flags
 
 
 def print_catalogs(gpus: bool, models: bool) -> int:

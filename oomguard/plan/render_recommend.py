@@ -33,7 +33,7 @@ def print_recommendation(rec: Recommendation, fmt: str = "table", top: int = 3) 
     console.print(f"[bold]Workload:[/] p99 {w.p99_tokens:,} tokens per request (prompt + output), "
                   f"{w.peak_concurrency} at once at peak, prefix sharing {w.prefix_sharing:.0%} -> "
                   f"{w.kv_tokens_at_peak:,} KV tokens at peak")
-    for note in w.notes:
+    for note in (*w.notes, *rec.notes):
         console.print(f"[dim]  {note}[/]")
     console.print(f"[dim]{rec.result.evaluations} configurations of {rec.model.model_id} evaluated on up to "
                   f"{rec.gpu_count} x {rec.gpu.name} with vLLM {rec.vllm_version}'s memory model; objective "

@@ -23,6 +23,7 @@ from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
 from oomguard.plan.speed import Speed, decode_speed
+from oomguard.plan.topology import Topology
 from oomguard.plan.workload import Workload
 from oomguard.failures import FailureClass
 
@@ -211,10 +212,12 @@ def _may_relieve(candidate: Candidate, change: dict) -> bool:
 
 def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, version: Version,
            objective: str = "keep-model", *, variants: list[ModelSpec] = (), free_memory_bytes: int | None = None,
-           usage_context: str = "serve", fixed: dict | None = None) -> SearchResult:
+           usage_context: str = "serve", fixed: dict | None = None, topology: Topology | None = None) -> SearchResult:
     """Every candidate configuration, feasible ones first in `objective` order, then the closest misses.
 
-    `fixed` pins vLLM settings the user gave on the command line (they are not searched).
+    `fixed` pins vLLM settings the user gave on the command line (they are not searched). `topology` (nodes of
+    G GPUs): TP only within a node, whole nodes for a replica that spans several, and 2 to N pipeline stages only
+    when one node cannot serve the peak at the model's own precision.
     """
     if objective not in OBJECTIVES:
         raise UsageError(f"unknown --objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
@@ -229,7 +232,8 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
     ckpts = checkpoints(model, gpu, list(variants))
     if "quantization" in fixed:
         ckpts = [Checkpoint(model, fixed["quantization"], fixed["quantization"], 1, False)]
-    tps = [fixed["tensor_parallel_size"]] if "tensor_parallel_size" in fixed else tp_sizes(model, gpu_count)
+    per_node = topology.gpus_per_node if topology else gpu_count
+    tps = [fixed["tensor_parallel_size"]] if "tensor_parallel_size" in fixed else tp_sizes(model, per_node)
     evaluations = 0
     results: list[Candidate] = []
 
@@ -237,7 +241,8 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
         for ckpt in ckpts:
             for tp in tps:
                 for pp in pps:
-                    if tp * pp <= gpu_count and pp <= model.num_layers:
+                    if tp * pp <= gpu_count and pp <= model.num_layers and (
+                            topology is None or topology.fits(tp, pp)):
                         for kv in kv_dtypes:
                             yield ckpt, tp, pp, kv
 
@@ -276,9 +281,11 @@ def search(model: ModelSpec, gpu: GpuSpec, gpu_count: int, workload: Workload, v
             results.append(best)
 
     run([fixed.get("pipeline_parallel_size", 1)])
-    if not any(c.feasible for c in results) and "pipeline_parallel_size" not in fixed:
-        # PP only when TP alone cannot fit (vLLM: pipeline stages cost latency, TP is preferred within a node)
-        run([pp for pp in (2, 4, 8, 16) if pp <= gpu_count])
+    # PP only when TP alone cannot fit (vLLM: pipeline stages cost latency, TP is preferred within a node); across
+    # nodes, also when one node serves the peak only with a loss of fidelity (the nodes were given to keep the model)
+    enough = (lambda c: c.feasible and c.rank_cost == 0) if topology else (lambda c: c.feasible)
+    if not any(enough(c) for c in results) and "pipeline_parallel_size" not in fixed:
+        run(list(topology.pipeline_sizes()) if topology else [pp for pp in (2, 4, 8, 16) if pp <= gpu_count])
     ranked = rank(results, objective, workload)
     return SearchResult(tuple(ranked), evaluations, objective)
 

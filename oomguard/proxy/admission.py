@@ -106,6 +106,7 @@ class Upstream:
     kv_tokens_in_flight: int = 0
     tickets: set = field(default_factory=set)  # the requests in flight here (for the projected KV peak)
     models: frozenset[str] | None = None  # model ids from /v1/models; None = unknown
+    model_name: str | None = None  # the first of them: the served model name vLLM labels its own metrics with
     max_model_len: int | None = None
     admitted_total: int = 0
 
@@ -121,6 +122,14 @@ class Upstream:
             # there, out of the proxy's priorities and timeouts, and a full KV cache preempts
             return State.PAUSED, f"the engine has {self.waiting:.0f} requests waiting"
         return State.OPEN, ""
+
+    def kv_headroom_tokens(self, limits: Limits) -> int | None:
+        """KV tokens the engine can still take before the high watermark pauses it: its capacity at the watermark
+        less what is in use (the engine's usage, or the blocks promised to the requests in flight if more)."""
+        if not self.kv_capacity_tokens:
+            return None
+        used = max((self.kv_usage or 0.0) * self.kv_capacity_tokens, self.kv_tokens_in_flight)
+        return max(0, int(self.kv_capacity_tokens * limits.high_watermark - used))
 
 
 @dataclass(eq=False)
@@ -200,7 +209,9 @@ class AdmissionController:
 
     def set_models(self, name: str, models: Iterable[str] | None, max_model_len: int | None) -> None:
         up = self.upstreams[name]
+        models = list(models) if models is not None else None
         up.models = frozenset(models) if models is not None else None
+        up.model_name = models[0] if models else None
         up.max_model_len = max_model_len
 
     # ----------------------------------------------------------------- requests
@@ -358,6 +369,7 @@ class AdmissionController:
                 "waiting": up.waiting, "in_flight": up.in_flight,
                 "prompt_tokens_in_flight": up.prompt_tokens_in_flight,
                 "kv_tokens_in_flight": up.kv_tokens_in_flight, "kv_capacity_tokens": up.kv_capacity_tokens,
+                "kv_headroom_tokens": up.kv_headroom_tokens(self.limits), "model_name": up.model_name,
                 "metrics_age_s": None if up.metrics_at is None else round(now - up.metrics_at, 3),
                 "max_model_len": up.max_model_len, "models": sorted(up.models) if up.models else None,
                 "admitted_total": up.admitted_total,

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import metric_names
 from .admission import AdmissionController, Priority, State
 
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -46,9 +47,31 @@ class _StateCollector(Collector):
             if up.metrics_at is not None:
                 age.add_metric([up.name], max(0.0, now - up.metrics_at))
         yield from (state, kv, in_flight, age)
+        yield from self._engine_gauges(now)
         drain = GaugeMetricFamily("oomguard_proxy_drain_rate", "Completed requests per second (drain window)")
         drain.add_metric([], c.drain_rate())
         yield drain
+
+    def _engine_gauges(self, now: float) -> Iterator[GaugeMetricFamily]:
+        """The admission signals an Endpoint Picker filters and scores on (proxy/metric_names.py), labelled as
+        vLLM labels its own gauges."""
+        c = self.controller
+        labels = list(metric_names.ENGINE_LABELS)
+        admit = GaugeMetricFamily(metric_names.ADMIT, "1 while oomguard admits new requests to the engine; 0 while it "
+                                  "holds them (KV usage reached the high watermark and has not fallen below the low "
+                                  "one, the engine queues requests itself, stale metrics, down)", labels=labels)
+        headroom = GaugeMetricFamily(metric_names.KV_HEADROOM_TOKENS, "KV cache tokens the engine can take before "
+                                     "the high watermark pauses it", labels=labels)
+        capacity = GaugeMetricFamily(metric_names.KV_CAPACITY_TOKENS, "The engine's KV cache in tokens, as its "
+                                     "cache_config_info states it (what admission plans against)", labels=labels)
+        for up in c.upstreams.values():
+            values = [up.model_name or "", up.name]
+            admit.add_metric(values, 1.0 if up.state(now, c.limits)[0] is State.OPEN else 0.0)
+            room = up.kv_headroom_tokens(c.limits)
+            if room is not None:
+                headroom.add_metric(values, float(room))
+                capacity.add_metric(values, float(up.kv_capacity_tokens))
+        yield from (admit, headroom, capacity)
 
 
 class ProxyMetrics:

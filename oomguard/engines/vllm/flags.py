@@ -7,6 +7,7 @@ One table serves `oomguard plan`'s options and the parsing of a pasted `vllm ser
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shlex
@@ -205,16 +206,24 @@ def parse_vllm_command(argv: list[str] | str) -> VllmCommand:
     return VllmCommand(model=model, flags=flags_from_args(args), ignored=ignored, extra=tuple(unknown))
 
 
-def format_vllm_command(model: str, flags: dict, extra: tuple[str, ...] = ()) -> str:
-    """A `vllm serve` line with vLLM's spellings, flags in the table's order, then `extra` (the user's other options,
-    verbatim, except an --api-key value, which becomes $VLLM_API_KEY: vLLM reads that variable too)."""
-    parts = ["vllm", "serve", shlex.quote(model)]
+def vllm_args(flags: dict, extra: tuple[str, ...] = ()) -> list[str]:
+    """The words after `vllm serve MODEL`, unquoted: the set flags with vLLM's spellings in the table's order, then
+    `extra` (the user's other options) verbatim. One home for the command line that `format_vllm_command` prints and
+    the deployment manifests (oomguard/deploy) carry."""
+    words: list[str] = []
     for flag, value in _set_flags(flags):
         option = flag.options[0]
         if flag.type is None:
-            parts.append(option if value else f"--no-{option[2:]}")
+            words.append(option if value else f"--no-{option[2:]}")
         else:
-            parts += [option, shlex.quote(_flag_text(value))]
+            words += [option, _flag_text(value)]
+    return words + list(extra)
+
+
+def format_vllm_command(model: str, flags: dict, extra: tuple[str, ...] = ()) -> str:
+    """A `vllm serve` line with vLLM's spellings, flags in the table's order, then `extra` (the user's other options,
+    verbatim, except an --api-key value, which becomes $VLLM_API_KEY: vLLM reads that variable too)."""
+    parts = ["vllm", "serve", shlex.quote(model)] + [shlex.quote(w) for w in vllm_args(flags)]
     hide_next = False
     for word in extra:
         if hide_next:
@@ -237,6 +246,11 @@ def engine_config_fields() -> set[str]:
     return {f.name for f in fields(EngineConfig)}
 
 
+def set_flags(flags: dict) -> dict:
+    """The flags (by dest) a command line carries: unset ones and switches left off dropped."""
+    return {flag.dest: value for flag, value in _set_flags(flags)}
+
+
 def _set_flags(flags: dict):
     """(Flag, value) pairs worth writing, in the table's order."""
     for flag in FLAGS:
@@ -253,15 +267,33 @@ def format_llm_kwargs(model: str, flags: dict) -> str:
 
 
 def format_yaml_config(model: str, flags: dict) -> str:
-    """A file for `vllm serve --config FILE`: the long option names without dashes as keys (vllm/utils argparse)."""
-    def scalar(value) -> str:
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, (int, float)):
-            return repr(value)
-        if isinstance(value, dict):
-            return json.dumps(value)  # a JSON object is a valid YAML flow mapping
-        return json.dumps(str(value))  # a JSON string is a valid YAML scalar, quotes and all
-    lines = [f"model: {scalar(model)}"]
-    lines += [f"{flag.options[0][2:]}: {scalar(value)}" for flag, value in _set_flags(flags)]
-    return "\n".join(lines) + "\n"
+    """A file for `vllm serve --config FILE`: the long option names without dashes as keys (vllm/utils/argparse_utils.py
+    FlexibleArgumentParser.load_config_file), written with PyYAML. Strings are double-quoted; a JSON object is its JSON
+    text in single quotes (every vLLM version parses that string; only newer ones turn a YAML mapping into JSON);
+    booleans are true/false (false becomes --no-X)."""
+    import yaml   # only here: the CLI's import path stays light
+
+    def value(v):
+        return _Quoted(json.dumps(v), "'") if isinstance(v, dict) else _Quoted(v, '"') if isinstance(v, str) else v
+    config = {"model": _Quoted(model, '"'), **{flag.options[0][2:]: value(v) for flag, v in _set_flags(flags)}}
+    return yaml.dump(config, Dumper=_quoting_dumper(), sort_keys=False, width=1 << 16, allow_unicode=True)
+
+
+class _Quoted(str):
+    """A string value written in the given YAML quote style (keys stay plain)."""
+
+    def __new__(cls, text: str, style: str) -> _Quoted:
+        obj = super().__new__(cls, text)
+        obj.style = style
+        return obj
+
+
+@functools.cache
+def _quoting_dumper():
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(_Quoted, lambda d, q: d.represent_scalar("tag:yaml.org,2002:str", str(q), style=q.style))
+    return Dumper

@@ -28,5 +28,18 @@ NAMES: dict[str, tuple[str, ...]] = {
     "e2e_seconds_count": ("vllm:e2e_request_latency_seconds_count",),
 }
 
+# canonical field -> (sample name, label, value): gauges split by a label. V1's waiting queue by why a request waits
+# (v1/metrics/loggers.py): "capacity" (no KV blocks or scheduler slot for it) or "deferred" (waiting on something
+# else: a structured-output grammar, a remote KV transfer, a LoRA slot); their sum is vllm:num_requests_waiting
+LABELLED: dict[str, tuple[str, str, str]] = {
+    "waiting_capacity": ("vllm:num_requests_waiting_by_reason", "reason", "capacity"),
+    "waiting_deferred": ("vllm:num_requests_waiting_by_reason", "reason", "deferred"),
+}
+
 # `vllm:cache_config_info` carries CacheConfig as labels: the real block count, block size, utilization.
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+# histogram families (exported as _bucket, _sum and _count) that dashboards read
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+              "vllm:request_queue_time_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:time_per_output_token_seconds")
