@@ -434,3 +434,23 @@ def test_an_output_that_cannot_be_written_loses_no_result(upstream, capsys):
     assert rc == 2 and "the report is in" in err and "Traceback" not in err
     saved = err.split("the report is in ", 1)[1].split()[0]
     assert json.loads(open(saved).read())["stages"][0]["requests"]["ok"] >= 1
+
+
+def test_a_closed_loop_queue_is_judged_only_when_samples_can_see_the_requests():
+    """Samples every 0.5 s cannot see requests that last a millisecond: no 'ran at most' verdict from them; requests
+    that last longer than the gap between samples and were never seen together are a queue."""
+    from oomguard.loadtest.client import RequestResult
+    from oomguard.loadtest.report import shortfalls
+    from oomguard.loadtest.runner import StageState
+    from oomguard.loadtest.sampler import MetricPoint
+    from oomguard.loadtest.shapes import Load
+
+    points = [MetricPoint(t=0.5 * i, running=0.0) for i in range(8)]
+
+    def stage(duration: float) -> StageState:
+        st = StageState(index=0, load=Load("concurrency", 4), t_start=0.0, deadline=4.0, cap=4)
+        st.results = [RequestResult(start=0.01 * i, end=0.01 * i + duration, ok=True) for i in range(50)]
+        return st
+
+    assert not any("ran at most" in why for why in shortfalls(stage(0.001), points))
+    assert any("ran at most" in why for why in shortfalls(stage(1.0), points))

@@ -144,6 +144,15 @@ def stage_held(st: StageState, points: list = ()) -> bool:
         not shortfalls(st, points)
 
 
+def _samples_see_requests(st: StageState, points: list) -> bool:
+    """A request lasts at least as long as the gap between two metric samples (median against median), so the
+    samples would see the ones running; requests much shorter than that slip between them."""
+    durations = sorted(r.end - r.start for r in st.results if r.ok and r.end > r.start)
+    times = [p.t for p in points]
+    gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
+    return bool(durations and gaps) and durations[len(durations) // 2] >= gaps[len(gaps) // 2]
+
+
 def shortfalls(st: StageState, points: list = ()) -> list[str]:
     """Why a stage that ended without errors still did not hold its load, each in one phrase."""
     out = []
@@ -158,7 +167,8 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
             out.append(f"the requests in flight grew from {mid} to {end}: the server finishes fewer than arrive "
                        f"({st.sent / max(1e-9, st.t_end - st.t_start):.2f} req/s offered)")
     running = [p.running for p in points if getattr(p, "running", None) is not None]
-    if st.load.closed_loop and len(running) >= 4 and max(running) < st.load.value - 1:
+    if st.load.closed_loop and len(running) >= 4 and max(running) < st.load.value - 1 and _samples_see_requests(
+            st, points):
         # a closed loop keeps N requests out: a server that never ran even N - 1 at once (one may be between its
         # answer and the next request) queued the rest (llama-server's slots, vLLM's max_num_seqs or KV cache),
         # however briefly each waited between two samples
