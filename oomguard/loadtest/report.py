@@ -146,7 +146,8 @@ def stage_held(st: StageState, points: list = ()) -> bool:
 
 def _samples_see_requests(st: StageState, points: list) -> bool:
     """A request lasts at least as long as the gap between two metric samples (median against median), so the
-    samples would see the ones running; requests much shorter than that slip between them."""
+    samples would see the ones running, and one seen waiting waits longer than its way in (a step or two); requests
+    much shorter than that slip between the samples, or show as waiting on their way in."""
     durations = sorted(r.end - r.start for r in st.results if r.ok and r.end > r.start)
     times = [p.t for p in points]
     gaps = sorted(b - a for a, b in zip(times, times[1:]) if b > a)
@@ -182,7 +183,7 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
         first, last, median = sum(waiting[:third]) / third, waiting[-third:], sorted(waiting)[len(waiting) // 2]
         if len(waiting) >= 6 and min(last) >= 1 and sum(last) / third > first + 1:
             out.append(f"the server's waiting queue grew from {first:.0f} to {sum(last) / third:.0f}")
-        elif st.load.closed_loop and median >= 1 and min(last) >= 1:
+        elif st.load.closed_loop and median >= 1 and min(last) >= 1 and _samples_see_requests(st, points):
             out.append(f"the server kept {median:.0f} requests waiting: it serves fewer at once than were sent")
     elif waiting and sum(waiting) / len(waiting) >= 1.5:   # a short stage: only a queue in every sample tells
         out.append(f"the server had about {sum(waiting) / len(waiting):.0f} requests waiting throughout")
