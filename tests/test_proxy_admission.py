@@ -329,3 +329,17 @@ def test_projected_peak_is_exact_when_requests_decode_in_step() -> None:
     # 1 step: 51 + 361 + 1 = 413; 40 steps (b ends): 90 + 400 = 490; 500 steps: a alone at 550
     assert projected_peak_tokens([a, b], new) == 550
     assert projected_peak_tokens([a, b], new) <= sum(t.kv_tokens for t in (a, b, new))
+
+
+def test_requests_sent_just_before_a_scrape_are_in_transit_not_a_queue() -> None:
+    """A request the proxy just sent waits a scheduler step on its way in: a scrape that shows it waiting does not
+    pause the engine; a queue beyond what was just sent does."""
+    c, _ = make(("a",))
+    c.observe("a", 0.1, running=0, waiting=0)
+    sent = Ticket()
+    c.submit(sent)
+    assert sent.upstream == "a"
+    c.observe("a", 0.1, running=0, waiting=1)        # the one just sent, on its way in
+    assert c.upstreams["a"].state(c.clock(), c.limits)[0].value == "open"
+    c.observe("a", 0.1, running=1, waiting=1)        # nothing sent since: a request the engine keeps waiting
+    assert c.upstreams["a"].state(c.clock(), c.limits)[0].value == "paused"

@@ -105,6 +105,8 @@ class Upstream:
     block_size: int = 1
     kv_tokens_in_flight: int = 0
     tickets: set = field(default_factory=set)  # the requests in flight here (for the projected KV peak)
+    sent_since_scrape: int = 0   # requests dispatched since the last good scrape
+    in_transit: int = 0          # ... and those dispatched in the interval before it: the scrape may show them waiting
     models: frozenset[str] | None = None  # model ids from /v1/models; None = unknown
     model_name: str | None = None  # the first of them: the served model name vLLM labels its own metrics with
     max_model_len: int | None = None
@@ -117,9 +119,10 @@ class Upstream:
             return State.PAUSED, "metrics stale"
         if self.paused:
             return State.PAUSED, f"kv usage {_pct(self.kv_usage)} above the watermark"
-        if self.waiting is not None and self.waiting >= 1:
+        if self.waiting is not None and self.waiting >= 1 and self.waiting > self.in_transit:
             # the engine queues what it cannot run (vLLM's waiting, llama-server's deferred): more would only queue
-            # there, out of the proxy's priorities and timeouts, and a full KV cache preempts
+            # there, out of the proxy's priorities and timeouts, and a full KV cache preempts. Requests sent just
+            # before the scrape may show as waiting on their way in (a scheduler step): they are not a queue
             return State.PAUSED, f"the engine has {self.waiting:.0f} requests waiting"
         return State.OPEN, ""
 
@@ -190,6 +193,7 @@ class AdmissionController:
         up.metrics_at = self.clock()
         up.down, up.down_reason = False, ""
         up.kv_usage, up.running, up.waiting = kv_usage, running, waiting
+        up.in_transit, up.sent_since_scrape = up.sent_since_scrape, 0
         if kv_usage is not None:
             if not up.paused and kv_usage >= self.limits.high_watermark:
                 up.paused = True
@@ -419,6 +423,7 @@ class AdmissionController:
         up.prompt_tokens_in_flight += ticket.prompt_tokens
         up.kv_tokens_in_flight += self._blocks(ticket, up)
         up.admitted_total += 1
+        up.sent_since_scrape += 1
         up.tickets.add(ticket)
 
     def _unassign(self, ticket: Ticket) -> None:
