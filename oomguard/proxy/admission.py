@@ -479,9 +479,10 @@ def projected_peak_tokens(in_flight: Iterable[Ticket], new: Ticket, block_size: 
     The engine decodes every running request one token a step (continuous batching) and frees a request's blocks
     when it ends, so a streamed request with h tokens held and r still to generate holds h + t + 1 tokens t steps
     from now while t < r: the sum over those still running peaks just before one of them ends. A request whose
-    progress is not seen (not streamed) counts at its longest, prompt + max_tokens, throughout. Never more than the
-    sum of every request's longest (what admitting by max_tokens alone reserves), and exact when the requests
-    decode in step."""
+    progress is not seen (not streamed) counts at its longest, prompt + max_tokens, throughout. Each running
+    request's last block counts as full: the margin that keeps the engine from queueing requests when an estimate
+    (a prompt's tokens counted from its bytes) runs short; measured in benchmarks/proxy_admission.py, summing exact
+    blocks instead let the engine queue and completed 74% of direct's requests against 84%."""
     fixed, growing = 0, []
     for t in (*in_flight, new):
         if t.stream:
@@ -494,8 +495,7 @@ def projected_peak_tokens(in_flight: Iterable[Ticket], new: Ticket, block_size: 
     alive, held_alive, peak = len(growing), sum(h for _, h in growing), 0
     slack = block_size - 1   # each running request's last block may be partly empty
     for left, held in growing:
-        step = max(left - 1, 0)
-        peak = max(peak, held_alive + alive * (min(step, left) + 1 if left else 0) + alive * slack)
+        peak = max(peak, held_alive + alive * (left + slack))
         alive -= 1
         held_alive -= held
     return fixed + peak
