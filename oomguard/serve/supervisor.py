@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .engine import EngineCommand
-from .policy import Adjustment, Outcome, next_configuration
+from .policy import MEMORY_CLASSES, Adjustment, Outcome, next_configuration
 from .state import Restart, StateDir, story
 
 EXIT_STOPPED, EXIT_GAVE_UP, EXIT_USAGE = 0, 1, 2
@@ -134,7 +134,8 @@ class Supervisor:
             outcome, text = await self._run_once(first)
             if outcome is None:          # stopping
                 return EXIT_STOPPED
-            if first and not outcome.ready and outcome.exit_code == 2 and outcome.finding_class is None:
+            if first and not outcome.ready and outcome.exit_code == 2 and \
+                    outcome.finding_class not in MEMORY_CLASSES:
                 last = next((l for l in reversed(text.splitlines()) if l.strip()), "")[:300]
                 print(f"oomguard: error: the engine refused its command line: {last}", file=sys.stderr)
                 self.state = "gave_up"
