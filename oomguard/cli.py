@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("oomguard.loadtest.command", "peak-load test an OpenAI-compatible server while watching its /metrics"),
     "simulate": ("oomguard.simulate.command", "run a vLLM-compatible simulated server for what-if runs"),
     "proxy": ("oomguard.proxy.command", "OpenAI-compatible gateway with KV-aware admission control"),
+    "serve": ("oomguard.serve.command", "launch an engine with a planned config behind the proxy; relaunch it safer "
+                                        "after an OOM"),
 }
 
 EXIT_OK, EXIT_VERDICT, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 70
