@@ -343,3 +343,13 @@ def test_requests_sent_just_before_a_scrape_are_in_transit_not_a_queue() -> None
     assert c.upstreams["a"].state(c.clock(), c.limits)[0].value == "open"
     c.observe("a", 0.1, running=1, waiting=1)        # nothing sent since: a request the engine keeps waiting
     assert c.upstreams["a"].state(c.clock(), c.limits)[0].value == "paused"
+
+
+def test_new_requests_wait_for_a_restarting_engine_when_asked() -> None:
+    """oomguard serve restarts the engine behind the proxy: new requests queue (within their timeout) instead of 503."""
+    c, _ = make(("a",))
+    assert c.submit(Ticket()).outcome == "rejected"           # every upstream down: 503 by default
+    waiting, _ = make(("a",), queue_while_down=True)
+    ticket = Ticket()
+    assert waiting.submit(ticket).outcome == "queued"
+    assert waiting.observe("a", 0.1, running=0, waiting=0) == [ticket]   # served once the engine is back

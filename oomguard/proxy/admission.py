@@ -64,6 +64,7 @@ class Limits:
     max_retry_after: int = 60
     down_retry_after: int = 5  # Retry-After of a 503 when no upstream is up
     drain_window: float = 30.0  # seconds of completions the drain rate looks at
+    queue_while_down: bool = False  # no upstream up: queue new requests (an engine restarting) instead of a 503
 
     def __post_init__(self) -> None:
         if not 0.0 < self.low_watermark < self.high_watermark <= 1.0:   # NaN fails here too
@@ -222,7 +223,7 @@ class AdmissionController:
     def submit(self, ticket: Ticket) -> Decision:
         """A new request. It joins the back of its class, then whatever can be dispatched is."""
         now = self.clock()
-        if all(up.down for up in self.upstreams.values()):
+        if all(up.down for up in self.upstreams.values()) and not self.limits.queue_while_down:
             return Decision("rejected", Rejection(
                 503, "no_upstream", self.limits.down_retry_after,
                 "No upstream engine is reachable right now; retry later."))

@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds between /metrics scrapes of each upstream (default 0.5); metrics older than "
                         "three intervals count as saturated")
     g.add_argument("--max-retry-after", type=int, default=60, help="largest Retry-After in seconds (default 60)")
+    g.add_argument("--queue-while-down", action="store_true",
+                   help="while no upstream is up, queue new requests (up to --queue-timeout) instead of answering "
+                        "503: for an engine that is restarting (oomguard serve sets it)")
     g.add_argument("--upstream-idle-timeout", type=float, default=120.0, metavar="SECONDS",
                    help="close an upstream response that sends nothing for this long (default 120: a prefill of "
                         "a long prompt under load; a hung engine frees the request's slot after it)")
@@ -118,7 +121,8 @@ def config_from_args(args: argparse.Namespace):
         limits = Limits(high_watermark=args.high_watermark, low_watermark=args.low_watermark,
                         max_in_flight=args.max_in_flight, max_prompt_tokens_in_flight=args.max_prompt_tokens_in_flight,
                         max_queue=args.max_queue, queue_timeout=args.queue_timeout,
-                        poll_interval=args.poll_interval, max_retry_after=args.max_retry_after)
+                        poll_interval=args.poll_interval, max_retry_after=args.max_retry_after,
+                        queue_while_down=args.queue_while_down)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     keys = list(args.api_key)

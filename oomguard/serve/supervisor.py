@@ -315,7 +315,7 @@ class Supervisor:
     async def _start_proxy(self) -> None:
         host, port = self.config.listen
         argv = [sys.executable, "-m", "oomguard", "proxy", "--upstream", f"http://127.0.0.1:{self.engine_port}",
-                "--listen", f"{_host(host)}:{port}", *self.config.proxy_args]
+                "--listen", f"{_host(host)}:{port}", "--queue-while-down", *self.config.proxy_args]
         self.proxy = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
                                                           start_new_session=True)
         emit("proxy_start", argv=argv, url=self.proxy_url)
