@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .engine import EngineCommand

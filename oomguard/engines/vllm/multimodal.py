@@ -216,6 +216,20 @@ def _max_frames(tokens_at, max_tokens: int, start: int, cap: int, videos: int) -
     return max(min(frames // videos, cap), 1)
 
 
+def _qwen_image(out: dict, counts: dict, rel: VllmRelease, patch: int, merge: int, per_patch: int, low: int,
+                high: int) -> tuple[int, int, int]:
+    """The largest image a Qwen-VL processor makes within [low, high] pixels (smart_resize to patch x merge), added
+    to `out` when images are profiled; returns its height, width and tokens."""
+    factor = patch * merge
+    h, w = _largest_image(factor, low, high, rel.qwen_vl_factorized_size)
+    h, w = smart_resize(h, w, factor, low, high)
+    grid = (h // patch) * (w // patch)
+    image_tokens = grid // (merge * merge)
+    if "image" in counts:
+        out["image"] = ItemShape(image_tokens, image_tokens, grid, grid * per_patch, f"a {w}x{h} image")
+    return h, w, image_tokens
+
+
 def _qwen2_vl(vis: VisionSpec, rel: VllmRelease, mm, seq_len: int, counts: dict) -> dict[str, ItemShape]:
     """Qwen2-VL / Qwen2.5-VL (qwen2_vl.py Qwen2VLProcessingInfo.get_mm_max_tokens_per_item, which qwen2_5_vl.py
     reuses): images at the largest max_pixels size, videos of as many frames as max_model_len holds."""
@@ -224,12 +238,7 @@ def _qwen2_vl(vis: VisionSpec, rel: VllmRelease, mm, seq_len: int, counts: dict)
     per_patch = vis.channels * temporal * patch * patch
     out = {}
     low, high = _pixels(_kwargs(mm, "images_kwargs"), (QWEN2_VL_MIN_PIXELS, QWEN2_VL_MAX_PIXELS))
-    h, w = _largest_image(factor, low, high, rel.qwen_vl_factorized_size)
-    h, w = smart_resize(h, w, factor, low, high)
-    grid = (h // patch) * (w // patch)
-    image_tokens = grid // (merge * merge)
-    if "image" in counts:
-        out["image"] = ItemShape(image_tokens, image_tokens, grid, grid * per_patch, f"a {w}x{h} image")
+    h, w, image_tokens = _qwen_image(out, counts, rel, patch, merge, per_patch, low, high)
     if "video" in counts:
         vlow, vhigh = _pixels(_kwargs(mm, "videos_kwargs"), (low, high))
         vh, vw = smart_resize(h, w, factor, vlow, vhigh)
@@ -256,12 +265,7 @@ def _qwen3_vl(vis: VisionSpec, rel: VllmRelease, mm, seq_len: int, counts: dict)
     out = {}
     ikw = _kwargs(mm, "images_kwargs")
     low, high = _pixels(ikw, QWEN3_VL_IMAGE_PIXELS)
-    h, w = _largest_image(factor, low, high, rel.qwen_vl_factorized_size)
-    h, w = smart_resize(h, w, factor, low, high)
-    grid = (h // patch) * (w // patch)
-    image_tokens = grid // (merge * merge)
-    if "image" in counts:
-        out["image"] = ItemShape(image_tokens, image_tokens, grid, grid * per_patch, f"a {w}x{h} image")
+    h, w, image_tokens = _qwen_image(out, counts, rel, patch, merge, per_patch, low, high)
     if "video" in counts:
         vkw = _kwargs(mm, "videos_kwargs")
         vlow, vhigh = _pixels(vkw, QWEN3_VL_VIDEO_PIXELS)
