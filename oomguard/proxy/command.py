@@ -164,7 +164,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _check_bindable(host: str, port: int) -> None:
-    """Fail with one line if anything listens on the port already. Granian binds with SO_REUSEPORT, which
+    """Fail with one line if anything listens on the port already. The workers bind with SO_REUSEPORT, which
     would otherwise join another proxy's listener silently and split its traffic."""
     import socket
 
@@ -236,81 +236,31 @@ def _use_fast_loop() -> None:
 @contextlib.asynccontextmanager
 async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int = 0,
                         worker=None) -> AsyncIterator:
-    """Start a proxy in this event loop (granian's embedded server); yields (server, base_url). For tests
-    and embedding; port 0 picks a free port.
+    """Start a proxy in this event loop; yields (server, base_url). For tests and embedding; port 0 picks a
+    free port.
 
-    Granian listens with SO_REUSEPORT, so the workers of a multi-process proxy share the port; each worker
-    also answers on a private Unix socket in the run directory, where its siblings ask for its metrics."""
+    The port is opened with SO_REUSEPORT when there are several workers, so they share it; each worker also
+    answers on a private Unix socket in the run directory, where its siblings ask for its metrics."""
+    from .http import HttpServer
     from .server import ProxyServer
 
     server = ProxyServer(config, counter, worker)
     await server.start()
-    sites = []
+    http = HttpServer(server.handle, header_timeout=config.header_timeout, body_timeout=config.body_timeout,
+                      keepalive_timeout=config.keepalive_timeout, max_body_bytes=config.max_body_bytes)
     try:
-        with _reserved(host, port) as bound_port:  # held until granian listens, so nothing else takes it
-            sites.append(await _serve_rsgi(server, host=host, port=bound_port))
-        if worker is not None and worker.count > 1:
-            sites.append(await _serve_rsgi(server, uds=worker.socket_path(worker.index)))
+        many = worker is not None and worker.count > 1
+        try:
+            bound_port = await http.listen(host, port, reuse_port=many)
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        if many:
+            await http.listen_unix(str(worker.socket_path(worker.index)))
         h = f"[{host}]" if ":" in host else host
         yield server, f"http://{h}:{bound_port}"
     finally:
-        for granian, task in sites:
-            granian.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 5)
+        await http.close()
         await server.stop()
-
-
-async def _serve_rsgi(app, host: str = "127.0.0.1", port: int = 0, uds: Path | None = None):
-    """Granian's embedded server for `app` in this event loop, once it accepts connections: (server, task)."""
-    from granian.constants import HTTPModes, Interfaces
-    from granian.log import LogLevels
-    from granian.server.embed import Server
-
-    granian = Server(app, address=host, port=port, uds=uds, interface=Interfaces.RSGI, http=HTTPModes.http1,
-                     websockets=False, backlog=1024, runtime_threads=1, log_level=LogLevels.error,
-                     log_dictconfig=_GRANIAN_LOGGING)
-    task = asyncio.create_task(granian.serve(), name="granian")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while True:  # serve() gives no signal when it listens: connect until it answers
-        if task.done():
-            task.result()  # its error, if it failed
-            raise UsageError(f"the proxy could not listen on {uds or f'{host}:{port}'}")
-        try:
-            if uds is not None:
-                _, writer = await asyncio.open_unix_connection(str(uds))
-            else:
-                _, writer = await asyncio.open_connection(host, port)
-            writer.close()
-            return granian, task
-        except OSError:
-            if loop.time() > deadline:
-                granian.stop()
-                raise UsageError(f"the proxy could not listen on {uds or f'{host}:{port}'} within 10 s") from None
-            await asyncio.sleep(0.01)
-
-
-# granian's own log lines (errors only) go to stderr with ours, not to stdout
-_GRANIAN_LOGGING = {
-    "handlers": {"console": {"formatter": "generic", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"},
-                 "access": {"formatter": "access", "class": "logging.StreamHandler", "stream": "ext://sys.stderr"}},
-}
-
-
-@contextlib.contextmanager
-def _reserved(host: str, port: int):
-    """A port bound (not listening) with SO_REUSEPORT while granian binds it too: `port`, or a free one for 0."""
-    import socket
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-        yield sock.getsockname()[1]
 
 
 async def _serve_forever(config, counter, host: str, port: int, worker=None) -> None:

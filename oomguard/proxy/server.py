@@ -1,10 +1,11 @@
-"""The HTTP shell of `oomguard proxy`: an RSGI app served by granian in front, aiohttp's client behind
-(`client.py`); the stack was chosen by measurement (benchmarks/proxy_stack_choice.py, README "Proxy").
+"""The HTTP shell of `oomguard proxy`: its own HTTP/1.1 server in front (`http.py`), a keep-alive connection
+pool behind (`pool.py`), both over httptools' parser in one asyncio loop; the stack was chosen by measurement
+(benchmarks/proxy_overhead.py, benchmarks/proxy_stack_choice.py, README "Proxy").
 
 Per request: authenticate, check the path and body, count the prompt, ask the admission controller, wait in
 the queue if told to, forward to the chosen upstream, and pass the answer back (SSE event by event, nothing
-held back). A client that disconnects cancels its handler, which closes the upstream connection, which makes
-the engine abort the request.
+held back, and no faster than the client reads: a slow reader pauses the upstream socket). A client that
+disconnects cancels its handler, which closes the upstream connection, which makes the engine abort the request.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import aiohttp
-from .client import UpstreamBroken, UpstreamClient, UpstreamUnavailable, iter_body, read_body
+from .http import ClientGone, Request, RequestTimeout
+from .pool import UpstreamBroken, UpstreamPool, UpstreamUnavailable
 from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
 from .metrics import ProxyMetrics
 from .tokens import PromptRatio, TokenCounter, context_error, load_counter, requested_max_tokens
@@ -49,13 +51,15 @@ access_log = logging.getLogger("oomguard.proxy.access")
 _SAFE_V1_PATH = re.compile(r"^/v1(/[A-Za-z0-9_\-.:]+)*/?$")
 _GUARDED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te",
-    "trailer", "trailers", "transfer-encoding", "upgrade",
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
 })
-_DROP_REQUEST = _HOP_BY_HOP | {"host", "authorization", "content-length", "x-priority", "x-api-key", "expect",
-                               "cookie", "forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"}
-_DROP_RESPONSE = _HOP_BY_HOP | {"content-length", "server", "date", "set-cookie"}
-_FULL_READ_LIMIT = 4 << 20  # non-streaming answers up to this size are read whole, then sent at once
+_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"authorization", b"content-length", b"x-priority", b"x-api-key", b"expect",
+                               b"cookie", b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"}
+_DROP_RESPONSE = _HOP_BY_HOP | {b"content-length", b"server", b"set-cookie"}
+_FULL_READ_LIMIT = 64 << 10  # non-streaming answers up to this size are read whole, then sent at once; larger
+#                              ones are passed on as they come, at the client's pace
+_MAX_EVENT = 1 << 20  # an SSE event larger than this is passed on in pieces (it is no engine's event)
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _TAIL = 4096   # the bytes of a streamed answer kept for its usage (the last events)
 
@@ -73,7 +77,10 @@ class ProxyConfig:
     max_body_bytes: int = 8 << 20
     max_tokens_cap: int | None = None
     connect_timeout: float = 5.0
-    read_timeout: float | None = 600.0
+    read_timeout: float | None = 600.0   # --upstream-idle-timeout
+    header_timeout: float = 10.0   # a request's head must be in within this of its first byte
+    body_timeout: float = 60.0     # and its body within this of its head (else 408)
+    keepalive_timeout: float = 60.0  # an idle client connection is closed after this
     access_log: bool = True
     tokenizer: str | None = None  # --tokenizer; without it the served model's tokenizer.json in the HF cache
 
@@ -94,36 +101,38 @@ class ProxyServer:
         self.controller = AdmissionController(self.addresses, config.limits, clock=time.monotonic)
         self.metrics = ProxyMetrics(self.controller)
         self.pollers: dict[str, Poller] = {}
-        self._clients: dict[str, UpstreamClient] = {}
+        self._pools: dict[str, UpstreamPool] = {}
         self._tasks: list[asyncio.Task] = []
         self._poll_session: aiohttp.ClientSession | None = None
         # keys kept as SHA-256 digests: every comparison is between equal-length values, in constant time
         self._api_keys = tuple(hashlib.sha256(k.encode()).digest() for k in config.api_keys)
         self._upstream_headers = ({"Authorization": f"Bearer {config.upstream_api_key}"}
                                   if config.upstream_api_key else {})
+        self._upstream_header_lines = b"".join(f"{k}: {v}\r\n".encode("latin-1")
+                                               for k, v in self._upstream_headers.items())
         self.started_at = time.time()
 
-    # ----------------------------------------------------------------- the RSGI entry point (granian)
-    async def __rsgi__(self, scope: Any, proto: Any) -> None:
-        path = scope.path  # percent-decoded by granian; only paths made of safe characters are forwarded
+    # ----------------------------------------------------------------- the entry point (http.HttpServer)
+    async def handle(self, req: Request) -> None:
+        path = req.path
         if path == "/v1" or path.startswith("/v1/"):
-            if scope.method not in _FORWARDED_METHODS:   # TRACE echoes headers back; the OpenAI API reads and posts
-                self._error(405, f"{scope.method} is not allowed on {path}", "MethodNotAllowed").send(proto)
+            if req.method not in _FORWARDED_METHODS:   # TRACE echoes headers back; the OpenAI API reads and posts
+                self._error(405, f"{req.method} is not allowed on {path}", "MethodNotAllowed").send(req)
                 return
-            await self.handle_v1(scope, proto)
+            await self.handle_v1(req)
         elif path == "/health":
-            self.handle_health().send(proto)
-        elif path == "/metrics" and scope.method in ("GET", "HEAD"):
-            (await self.handle_metrics(scope.headers)).send(proto)
-        elif path == "/oomguard/status" and scope.method in ("GET", "HEAD"):
-            (await self.handle_status(scope.headers)).send(proto)
+            self.handle_health().send(req)
+        elif path == "/metrics" and req.method in ("GET", "HEAD"):
+            (await self.handle_metrics(req.headers)).send(req)
+        elif path == "/oomguard/status" and req.method in ("GET", "HEAD"):
+            (await self.handle_status(req.headers)).send(req)
         else:
-            self._error(404, f"Not found: {path}", "NotFoundError").send(proto)
+            self._error(404, f"Not found: {path}", "NotFoundError").send(req)
 
     async def start(self, first_poll_timeout: float = 5.0) -> None:
         for name, address in self.addresses.items():
-            self._clients[name] = UpstreamClient(address.base, connect_timeout=self.config.connect_timeout,
-                                                 read_timeout=self.config.read_timeout)
+            self._pools[name] = UpstreamPool(address.base, connect_timeout=self.config.connect_timeout,
+                                             read_timeout=self.config.read_timeout)
         self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0))
         for name, address in self.addresses.items():
             self.pollers[name] = Poller(address, self.controller, self._poll_session, self._wake,
@@ -147,7 +156,7 @@ class ProxyServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await asyncio.gather(*(c.close() for c in self._clients.values()), return_exceptions=True)
+        await asyncio.gather(*(p.close() for p in self._pools.values()), return_exceptions=True)
         if self._poll_session is not None:
             await self._poll_session.close()
 
@@ -201,63 +210,63 @@ class ProxyServer:
         return Reply.json(snap)
 
     # ----------------------------------------------------------------- the proxy proper
-    async def handle_v1(self, scope: Any, proto: Any) -> None:
+    async def handle_v1(self, req: Request) -> None:
         start = time.monotonic()
-        info: dict[str, Any] = {"method": scope.method, "path": scope.path}
+        info: dict[str, Any] = {"method": req.method, "path": req.path}
         status = 500
-        # A client that leaves cancels its handler wherever it is (queued, waiting for the engine, streaming);
+        # A client that leaves cancels this handler wherever it is (queued, waiting for the engine, streaming);
         # unwinding closes the upstream connection, so the engine aborts the request.
-        task = asyncio.current_task()
-        gone = asyncio.ensure_future(proto.client_disconnect())
-        cancel = lambda _: task.cancel()  # noqa: E731
-        gone.add_done_callback(cancel)
         try:
-            status = await self._handle_v1(scope, proto, info)
+            status = await self._handle_v1(req, info)
         except asyncio.CancelledError:
             status = 499  # the client closed the connection
             info.setdefault("reason", "client_disconnected")
-            if not gone.done():
+            if not req.disconnected:
                 raise  # the server is stopping, not the client leaving
-        except _ClientGone:
+        except ClientGone:
             status = 499
             info.setdefault("reason", "client_disconnected")
         finally:
-            gone.remove_done_callback(cancel)
-            gone.cancel()
             if self.config.access_log and access_log.isEnabledFor(logging.INFO):
                 info["status"] = status
                 info["ms"] = round((time.monotonic() - start) * 1000, 2)
                 access_log.info("%s", json.dumps(info, separators=(",", ":")))
 
-    async def _handle_v1(self, scope: Any, proto: Any, info: dict[str, Any]) -> int:
-        """Answer one /v1 request through `proto`; returns the status sent."""
-        headers = scope.headers
+    async def _handle_v1(self, req: Request, info: dict[str, Any]) -> int:
+        """Answer one /v1 request; returns the status sent."""
+        headers = req.headers
         if not self._authorized(headers):
             info["reason"] = "unauthorized"
             self.metrics.on_reject("unauthorized")
-            return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(proto)
-        path = scope.path
+            return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(req)
+        path = req.path
         if not _SAFE_V1_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
             info["reason"] = "bad_path"
-            return self._error(404, f"Not found: {path}", "NotFoundError").send(proto)
-        target = path + ("?" + scope.query_string if scope.query_string else "")
+            return self._error(404, f"Not found: {path}", "NotFoundError").send(req)
+        target = (path + "?" + req.query if req.query else path).encode("latin-1")
         declared = headers.get("content-length")
-        if scope.method in ("GET", "HEAD") and declared in (None, "0") and "transfer-encoding" not in headers:
-            return await self._forward_unguarded(scope, proto, target, info)
+        if req.method in ("GET", "HEAD") and declared in (None, "0") and "transfer-encoding" not in headers:
+            return await self._forward_unguarded(req, target, info)
 
         # ---- body: size, JSON, priority, prompt length
-        body = await self._read_body(proto, declared)
+        try:
+            body = await req.body(self.config.max_body_bytes)
+        except RequestTimeout:
+            info["reason"] = "body_timeout"
+            self.metrics.on_reject("body_timeout")
+            return self._error(408, f"The request body did not arrive within {self.config.body_timeout:g} s.",
+                               "RequestTimeoutError").send(req)
         if body is None:
             info["reason"] = "body_too_large"
             self.metrics.on_reject("body_too_large")
             return self._error(413, f"The request body is larger than the proxy's limit of "
-                                    f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError").send(proto)
+                                    f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError").send(req)
         try:
             priority = Priority.parse(headers.get("x-priority"))
         except ValueError as exc:
             info["reason"] = "bad_priority"
             self.metrics.on_reject("bad_request")
-            return self._error(400, str(exc), "BadRequestError", param="x-priority").send(proto)
+            return self._error(400, str(exc), "BadRequestError", param="x-priority").send(req)
         info["priority"] = priority.name.lower()
         path = path.rstrip("/")
         guarded = path in _GUARDED
@@ -270,11 +279,11 @@ class ProxyServer:
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
                 reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
-                return self._error(400, f"Malformed JSON in the request body: {reason}", "BadRequestError").send(proto)
+                return self._error(400, f"Malformed JSON in the request body: {reason}", "BadRequestError").send(req)
             if guarded and not isinstance(payload, dict):
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
-                return self._error(400, "The request body must be a JSON object.", "BadRequestError").send(proto)
+                return self._error(400, "The request body must be a JSON object.", "BadRequestError").send(req)
         prompt_tokens = 0
         model = None
         stream = False
@@ -286,7 +295,7 @@ class ProxyServer:
             if guarded:
                 rejected, body, prompt_tokens = self._check_length(path, payload, body, info)
                 if rejected is not None:
-                    return rejected.send(proto)
+                    return rejected.send(req)
 
         # ---- admission
         ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model,
@@ -296,20 +305,20 @@ class ProxyServer:
         for victim, rejection in decision.evicted:
             self._reject_waiter(victim, rejection)
         if decision.rejection is not None:
-            return self._rejected(decision.rejection, info).send(proto)
+            return self._rejected(decision.rejection, info).send(req)
         loop = asyncio.get_running_loop()
         try:
             while True:
                 if ticket.upstream is None:
                     rejection = await self._wait(ticket, loop)
                     if rejection is not None:
-                        return self._rejected(rejection, info).send(proto)
+                        return self._rejected(rejection, info).send(req)
                 waited = time.monotonic() - ticket.enqueued_at
                 self.metrics.on_admit(ticket.upstream, priority, waited)
                 info["upstream"] = ticket.upstream
                 info["queue_ms"] = round(waited * 1000, 2)
                 try:
-                    return await self._forward(scope, proto, target, ticket, body, info)
+                    return await self._forward(req, target, ticket, body, info)
                 except _UpstreamGone as exc:
                     name = ticket.upstream
                     self.metrics.upstream_errors.labels(name, "before_response").inc()
@@ -319,7 +328,7 @@ class ProxyServer:
                         self.controller.release(ticket, completed=False)
                         return self._rejected(Rejection(
                             503, "upstream_failed", self.controller.limits.down_retry_after,
-                            f"The upstream engine failed before answering ({exc}); retry later."), info).send(proto)
+                            f"The upstream engine failed before answering ({exc}); retry later."), info).send(req)
                     ticket.waiter = loop.create_future()
                     self._wake(self.controller.requeue(ticket, str(exc)))
         finally:
@@ -327,19 +336,6 @@ class ProxyServer:
                 self._wake(self.controller.release(ticket, completed=info.get("status_upstream", 0) < 500))
             elif ticket.upstream is None:
                 self.controller.cancel(ticket)
-
-    async def _read_body(self, proto: Any, declared: str | None) -> bytes | None:
-        """The request body, or None when it is over --max-body-bytes (declared or counted as it arrives)."""
-        limit = self.config.max_body_bytes
-        if declared is not None and declared.isdigit():
-            return await proto() if int(declared) <= limit else None
-        chunks, size = [], 0
-        async for chunk in proto:
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     async def _wait(self, ticket: Ticket, loop: asyncio.AbstractEventLoop) -> Rejection | None:
         """Wait in the queue until dispatched (None) or rejected (the Rejection)."""
@@ -397,38 +393,37 @@ class ProxyServer:
                 return self._error(400, message, "BadRequestError"), body, n
         return None, body, n
 
-    async def _forward(self, scope: Any, proto: Any, target: str, ticket: Ticket, body: bytes, info: dict) -> int:
+    async def _forward(self, req: Request, target: bytes, ticket: Ticket, body: bytes, info: dict) -> int:
         name = ticket.upstream
         try:
-            resp = await self._clients[name].request(scope.method, target, self._request_headers(scope.headers),
-                                                     body)
+            resp = await self._pools[name].request(req.method, target, self._request_headers(req), body)
         except UpstreamUnavailable as exc:
             raise _UpstreamGone(str(exc)) from None
         except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "malformed").inc()
             info["reason"] = "upstream_malformed"
             info["status_upstream"] = 502
-            return self._error(502, str(exc), "BadGatewayError").send(proto)
+            return self._error(502, str(exc), "BadGatewayError").send(req)
         finished = False
         try:
             info["status_upstream"] = resp.status
-            out_headers = [(k, v) for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE]
-            is_sse = resp.content_type == "text/event-stream"
+            out_headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
+            is_sse = resp.content_type == b"text/event-stream"
             length = resp.content_length
-            if not is_sse and length is not None and length <= _FULL_READ_LIMIT:
+            if not is_sse and (resp.complete or (length is not None and length <= _FULL_READ_LIMIT)):
                 try:
-                    data = await read_body(resp)
+                    data = await resp.read()
                 except UpstreamBroken as exc:
                     self.metrics.upstream_errors.labels(name, "mid_response").inc()
                     self.pollers[name].kick()
                     info["reason"] = "upstream_died"
                     return self._error(502, f"The upstream engine failed while answering: {exc}",
-                                       "BadGatewayError").send(proto)
+                                       "BadGatewayError").send(req)
                 finished = True
                 self._learn_prompt_tokens(ticket, data)
-                proto.response_bytes(resp.status, out_headers, data)
+                req.respond(resp.status, out_headers, data)
                 return resp.status
-            tail = await self._stream(proto, resp, out_headers, is_sse, name, info, ticket)
+            tail = await self._stream(req, resp, out_headers, is_sse, name, info, ticket)
             self._learn_prompt_tokens(ticket, tail)
             finished = info.get("reason") != "upstream_died"
             return resp.status
@@ -446,37 +441,47 @@ class ProxyServer:
         if found:
             self.prompt_ratio.observe(ticket.prompt_tokens, int(found.group(1)))
 
-    async def _stream(self, proto: Any, resp: aiohttp.ClientResponse, out_headers: list, is_sse: bool,
-                      name: str, info: dict, ticket: Ticket | None = None) -> bytes:
-        """Forward the body as it comes; returns its last bytes (where an SSE stream's usage is). Each streamed event
-        carries at least one token: their count is the request's progress, for the KV peak admission projects."""
+    async def _stream(self, req: Request, resp: Any, out_headers: list, is_sse: bool, name: str,
+                      info: dict, ticket: Ticket | None = None) -> bytes:
+        """Forward the body as it comes, at the client's pace; returns its last bytes (where an SSE stream's
+        usage is). Each streamed event carries at least one token: their count is the request's progress, for the
+        KV peak admission projects."""
+        length = None
         if is_sse:
-            out_headers = [(k, v) for k, v in out_headers if k.lower() != "cache-control"]
-            out_headers += [("cache-control", "no-cache"), ("x-accel-buffering", "no")]
-        transport = proto.response_stream(resp.status, out_headers)
+            out_headers = [(k, v) for k, v in out_headers if k.lower() != b"cache-control"]
+            out_headers += [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+        elif not resp.chunked:
+            length = resp.content_length  # passed on as is; None: the engine ends the body by closing
+        stream = req.stream(resp.status, out_headers, length)
         pending = last = b""
         sent = events = 0
         try:
-            async for chunk in iter_body(resp):
+            while True:
+                chunk = await resp.next_chunk()
+                if not chunk:
+                    break
                 if is_sse:
                     # forward whole events as soon as they are complete, so a failure never leaves half an event
                     buf = pending + chunk if pending else chunk
                     cut = _event_end(buf)
-                    if cut == 0:
+                    if cut == 0 and len(buf) <= _MAX_EVENT:
                         pending = buf
                         continue
+                    if cut == 0:
+                        cut = len(buf)  # no engine sends events this large: passed on, not held
                     pending = buf[cut:]
                     chunk = buf[:cut]
                     if ticket is not None and ticket.stream:
                         events += chunk.count(b"\n\n")
                         self._wake(self.controller.progress(ticket, events))
-                await _send(transport, chunk)
+                await stream.write(chunk)
                 sent += len(chunk)
-                last = chunk if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
+                last = chunk[-_TAIL:] if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
             if pending:
-                await _send(transport, pending)
+                await stream.write(pending)
                 sent += len(pending)
                 last = (last + pending)[-_TAIL:]
+            stream.end()
         except UpstreamBroken as exc:
             self.metrics.upstream_errors.labels(name, "mid_stream").inc()
             self.pollers[name].kick()
@@ -485,13 +490,14 @@ class ProxyServer:
             if is_sse:
                 event = {"error": {"message": f"The upstream engine failed mid-stream: {exc}",
                                    "type": "BadGatewayError", "param": None, "code": 502}}
-                await _send(transport, b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
-            # a plain body cannot carry an error once started: it ends short, and the client's JSON parser
-            # or length check sees it (granian offers no abortive close)
+                await stream.write(b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
+                stream.end()
+            else:
+                stream.abort()  # a plain body cannot carry an error once started: the connection closes short
         info["bytes"] = sent
         return last
 
-    async def _forward_unguarded(self, scope: Any, proto: Any, target: str, info: dict) -> int:
+    async def _forward_unguarded(self, req: Request, target: bytes, info: dict) -> int:
         """GET /v1/models and the like: no admission, to the first reachable upstream."""
         now = self.controller.clock()
         ups = sorted(self.controller.upstreams.values(),
@@ -502,12 +508,12 @@ class ProxyServer:
             ticket = Ticket(upstream=up.name)
             info["upstream"] = up.name
             try:
-                return await self._forward(scope, proto, target, ticket, b"", info)
+                return await self._forward(req, target, ticket, b"", info)
             except _UpstreamGone as exc:
                 self.controller.mark_down(up.name, str(exc))
                 self.pollers[up.name].kick()
         return self._rejected(Rejection(503, "no_upstream", self.controller.limits.down_retry_after,
-                                        "No upstream engine is reachable right now; retry later."), info).send(proto)
+                                        "No upstream engine is reachable right now; retry later."), info).send(req)
 
     # ----------------------------------------------------------------- helpers
     def _authorized(self, headers: Any) -> bool:
@@ -521,14 +527,16 @@ class ProxyServer:
             ok |= hmac.compare_digest(given, key)
         return ok
 
-    def _request_headers(self, headers: Any) -> list[tuple[str, str]]:
-        connection = headers.get("connection")
+    def _request_headers(self, req: Request) -> bytes:
+        """The client's headers to pass on, as header lines: hop-by-hop ones, the client's credentials and the
+        proxy's own (x-priority) dropped, the upstream's key added."""
+        connection = req.headers.get("connection")
         drop = _DROP_REQUEST
         if connection:
-            drop = drop | {t.strip().lower() for t in connection.split(",")}
-        out = [(k, v) for k, v in headers.items() if k not in drop]  # granian gives lower-case names
-        out.extend(self._upstream_headers.items())
-        return out
+            drop = drop | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
+        lines = [b"%s: %s\r\n" % (k, v) for k, v in req.raw_headers if k.lower() not in drop]
+        lines.append(self._upstream_header_lines)
+        return b"".join(lines)
 
     def _rejected(self, rejection: Rejection, info: dict) -> Reply:
         info["reason"] = rejection.reason
@@ -556,20 +564,9 @@ class Reply:
     def json(cls, obj: Any, status: int = 200) -> Reply:
         return cls(status, _dumps(obj), (("content-type", "application/json"),))
 
-    def send(self, proto: Any) -> int:
-        proto.response_bytes(self.status, list(self.headers), self.body)
+    def send(self, req: Request) -> int:
+        req.respond(self.status, [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers], self.body)
         return self.status
-
-
-class _ClientGone(Exception):
-    """The client closed the connection while its answer was being written."""
-
-
-async def _send(transport: Any, data: bytes) -> None:
-    try:
-        await transport.send_bytes(data)
-    except RuntimeError as exc:  # granian's RSGIProtocolClosed: the client left mid-answer
-        raise _ClientGone() from exc
 
 
 def _event_end(buf: bytes) -> int:
