@@ -249,14 +249,14 @@ class AdmissionController:
         Stops at the first ticket that fits nowhere (no overtaking, so a large request is not starved).
         """
         out: list[Ticket] = []
-        if not any(self.queues.values()):  # the common case on release: nobody waiting
+        queues = self.queues.values()  # in priority order, high first
+        if not any(queues):  # the common case on release: nobody waiting
             return out
         now = self.clock()
         open_ups = [up for up in self.upstreams.values() if up.state(now, self.limits)[0] is State.OPEN]
         if not open_ups:
             return out
-        for priority in Priority:
-            queue = self.queues[priority]
+        for queue in queues:
             while queue:
                 ticket = queue[0]
                 up = self._route(ticket, open_ups)
@@ -344,7 +344,7 @@ class AdmissionController:
     def queue_length(self, priority: Priority | None = None) -> int:
         if priority is not None:
             return len(self.queues[priority])
-        return sum(len(q) for q in self.queues.values())
+        return sum(map(len, self.queues.values()))
 
     def position(self, ticket: Ticket) -> int | None:
         """1-based place in the dispatch order, or None if not queued."""

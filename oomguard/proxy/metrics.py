@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from . import metric_names
@@ -74,6 +75,34 @@ class _StateCollector(Collector):
         yield from (admit, headroom, capacity)
 
 
+class _QueueTime(Collector):
+    """The time-in-queue histogram per priority, counted in plain integers on the hot path (a prometheus_client
+    Histogram takes a lock and walks its buckets in Python for every observation) and rendered at scrape time."""
+
+    def __init__(self) -> None:
+        self.counts = {p: [0] * (len(QUEUE_BUCKETS) + 1) for p in Priority}  # per bucket, +Inf last
+        self.sums = {p: 0.0 for p in Priority}
+
+    def observe(self, priority: Priority, seconds: float) -> None:
+        self.counts[priority][bisect_left(QUEUE_BUCKETS, seconds)] += 1  # le: a value on a bound counts in it
+        self.sums[priority] += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily("oomguard_proxy_queue_time_seconds",
+                                       "Time from arrival to dispatch (admitted requests)", labels=["priority"])
+        for p in Priority:
+            buckets, total = [], 0
+            for bound, n in zip((*QUEUE_BUCKETS, float("inf")), self.counts[p]):
+                total += n
+                buckets.append((_le(bound), total))
+            family.add_metric([p.name.lower()], buckets, self.sums[p])
+        yield family
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
 class ProxyMetrics:
     def __init__(self, controller: AdmissionController) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -82,27 +111,30 @@ class ProxyMetrics:
         self.rejected = Counter("oomguard_proxy_rejected",
                                 "Requests answered by the proxy itself with an error, by reason",
                                 ["reason"], registry=self.registry)
-        self.queue_time = Histogram("oomguard_proxy_queue_time_seconds",
-                                    "Time from arrival to dispatch (admitted requests)", ["priority"],
-                                    buckets=QUEUE_BUCKETS, registry=self.registry)
+        self.queue_time = _QueueTime()
+        self.registry.register(self.queue_time)
         self.upstream_errors = Counter("oomguard_proxy_upstream_errors",
                                        "Upstream failures seen while forwarding, by kind", ["upstream", "kind"],
                                        registry=self.registry)
         self.registry.register(_StateCollector(controller))
-        # label children resolved once: the hot path then costs one increment
-        self._admitted_children: dict[tuple[str, int], object] = {}
-        self._queue_children = {p: self.queue_time.labels(p.name.lower()) for p in Priority}
+        # admissions counted in plain integers on the hot path, added to the counter when it is read
+        self._admitted_pending: dict[tuple[str, Priority], int] = {}
 
     def on_admit(self, upstream: str, priority: Priority, waited_s: float) -> None:
-        key = (upstream, int(priority))
-        child = self._admitted_children.get(key)
-        if child is None:
-            child = self._admitted_children[key] = self.admitted.labels(upstream, priority.name.lower())
-        child.inc()  # type: ignore[attr-defined]
-        self._queue_children[priority].observe(waited_s)
+        key = (upstream, priority)
+        pending = self._admitted_pending
+        pending[key] = pending.get(key, 0) + 1
+        self.queue_time.observe(priority, waited_s)
+
+    def flush(self) -> None:
+        """Move the admissions counted since the last read into the `admitted` counter."""
+        pending, self._admitted_pending = self._admitted_pending, {}
+        for (upstream, priority), n in pending.items():
+            self.admitted.labels(upstream, priority.name.lower()).inc(n)
 
     def on_reject(self, reason: str) -> None:
         self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:
+        self.flush()
         return generate_latest(self.registry)

@@ -64,6 +64,20 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _TAIL = 4096   # the bytes of a streamed answer kept for its usage (the last events)
 
 
+_PRIORITY_NAMES = {p: p.name.lower() for p in Priority}
+_SAFE_PATHS: dict[str, bool] = {}  # the answer of `_safe_path` for the paths seen (few: the API's routes)
+
+
+def _safe_path(path: str) -> bool:
+    """Only paths made of safe characters, with no dot segments, are forwarded."""
+    known = _SAFE_PATHS.get(path)
+    if known is None:
+        known = bool(_SAFE_V1_PATH.match(path)) and "/../" not in path + "/" and "/./" not in path + "/"
+        if len(_SAFE_PATHS) < 1024:
+            _SAFE_PATHS[path] = known
+    return known
+
+
 # what the OpenAI-compatible routes take (vLLM, SGLang and llama-server serve GET and POST; OPTIONS for CORS)
 _FORWARDED_METHODS = frozenset({"GET", "POST", "HEAD", "OPTIONS"})
 
@@ -96,6 +110,7 @@ class ProxyServer:
         self._find_counter = counter is None  # look for the tokenizer once the served models are known
         self.counter = counter or TokenCounter(source="not loaded yet")
         self.prompt_ratio = PromptRatio()   # learnt from the engines' usage.prompt_tokens
+        self._answers_seen = 0
         self.worker = worker if worker is not None and worker.count > 1 else None
         self.addresses = {u.name: u for u in config.upstreams}
         self.controller = AdmissionController(self.addresses, config.limits, clock=time.monotonic)
@@ -200,6 +215,7 @@ class ProxyServer:
         snap["uptime_s"] = round(time.time() - self.started_at, 1)
         snap["rejected"] = {s.labels["reason"]: s.value for m in self.metrics.rejected.collect()
                             for s in m.samples if s.name.endswith("_total")}
+        self.metrics.flush()
         snap["admitted"] = sum(s.value for m in self.metrics.admitted.collect()
                                for s in m.samples if s.name.endswith("_total"))
         snap["token_counting"] = self.counter.describe()
@@ -228,6 +244,8 @@ class ProxyServer:
             info.setdefault("reason", "client_disconnected")
         finally:
             if self.config.access_log and access_log.isEnabledFor(logging.INFO):
+                if "queue_s" in info:
+                    info["queue_ms"] = round(info.pop("queue_s") * 1000, 2)
                 info["status"] = status
                 info["ms"] = round((time.monotonic() - start) * 1000, 2)
                 access_log.info("%s", json.dumps(info, separators=(",", ":")))
@@ -240,7 +258,7 @@ class ProxyServer:
             self.metrics.on_reject("unauthorized")
             return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(req)
         path = req.path
-        if not _SAFE_V1_PATH.match(path) or "/../" in path + "/" or "/./" in path + "/":
+        if not _safe_path(path):
             info["reason"] = "bad_path"
             return self._error(404, f"Not found: {path}", "NotFoundError").send(req)
         target = (path + "?" + req.query if req.query else path).encode("latin-1")
@@ -267,18 +285,19 @@ class ProxyServer:
             info["reason"] = "bad_priority"
             self.metrics.on_reject("bad_request")
             return self._error(400, str(exc), "BadRequestError", param="x-priority").send(req)
-        info["priority"] = priority.name.lower()
+        info["priority"] = _PRIORITY_NAMES[priority]
         path = path.rstrip("/")
         guarded = path in _GUARDED
         payload: Any = None
-        content_type = (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
-        if guarded or (body and content_type == "application/json"):
+        if guarded or (body and (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+                       == "application/json"):
             try:
                 payload = _loads(body) if body else None
             except (ValueError, RecursionError) as exc:   # a body nested deeper than the parser goes is malformed too
                 info["reason"] = "malformed_json"
                 self.metrics.on_reject("bad_request")
-                reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+                deep = isinstance(exc, RecursionError) or "depth limit" in str(exc)  # the stdlib's, orjson's
+                reason = "nested too deeply" if deep else exc
                 return self._error(400, f"Malformed JSON in the request body: {reason}", "BadRequestError").send(req)
             if guarded and not isinstance(payload, dict):
                 info["reason"] = "malformed_json"
@@ -287,36 +306,38 @@ class ProxyServer:
         prompt_tokens = 0
         model = None
         stream = False
+        limit = self.controller.max_model_len()
         if isinstance(payload, dict):
-            model = payload.get("model") if isinstance(payload.get("model"), str) else None
+            model = payload.get("model")
+            if not isinstance(model, str):
+                model = None
             stream = payload.get("stream") is True
             info["model"] = model
             info["stream"] = stream
             if guarded:
-                rejected, body, prompt_tokens = self._check_length(path, payload, body, info)
+                rejected, body, prompt_tokens = self._check_length(path, payload, body, info, limit)
                 if rejected is not None:
                     return rejected.send(req)
 
         # ---- admission
         ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model,
-                        kv_tokens=self._kv_tokens(payload, prompt_tokens) if guarded else 0, stream=stream)
+                        kv_tokens=self._kv_tokens(payload, prompt_tokens, limit) if guarded else 0, stream=stream)
         decision = self.controller.submit(ticket)
         self._wake(decision.dispatched)
         for victim, rejection in decision.evicted:
             self._reject_waiter(victim, rejection)
         if decision.rejection is not None:
             return self._rejected(decision.rejection, info).send(req)
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 if ticket.upstream is None:
-                    rejection = await self._wait(ticket, loop)
+                    rejection = await self._wait(ticket, asyncio.get_running_loop())
                     if rejection is not None:
                         return self._rejected(rejection, info).send(req)
                 waited = time.monotonic() - ticket.enqueued_at
                 self.metrics.on_admit(ticket.upstream, priority, waited)
                 info["upstream"] = ticket.upstream
-                info["queue_ms"] = round(waited * 1000, 2)
+                info["queue_s"] = waited
                 try:
                     return await self._forward(req, target, ticket, body, info)
                 except _UpstreamGone as exc:
@@ -329,7 +350,7 @@ class ProxyServer:
                         return self._rejected(Rejection(
                             503, "upstream_failed", self.controller.limits.down_retry_after,
                             f"The upstream engine failed before answering ({exc}); retry later."), info).send(req)
-                    ticket.waiter = loop.create_future()
+                    ticket.waiter = asyncio.get_running_loop().create_future()
                     self._wake(self.controller.requeue(ticket, str(exc)))
         finally:
             if ticket.upstream is not None and not ticket.released:
@@ -354,19 +375,19 @@ class ProxyServer:
             return result
         return None
 
-    def _kv_tokens(self, payload: Any, prompt_tokens: int) -> int:
+    def _kv_tokens(self, payload: Any, prompt_tokens: int, limit: int | None) -> int:
         """What the request may hold in the KV cache at its longest: its prompt (the tokenizer's count, or about 4
         bytes a token where only the 8-byte lower bound is known) and its max_tokens (the context when unset)."""
         if not isinstance(payload, dict):
             return 0
         prompt = prompt_tokens if self.counter.exact else self.prompt_ratio.estimate(prompt_tokens)
-        limit = self.controller.max_model_len()
         out = requested_max_tokens(payload)
         if out is None:
             return limit or prompt
         return min(prompt + max(0, out), limit) if limit else prompt + max(0, out)
 
-    def _check_length(self, path: str, payload: dict, body: bytes, info: dict) -> tuple[Reply | None, bytes, int]:
+    def _check_length(self, path: str, payload: dict, body: bytes, info: dict,
+                      limit: int | None) -> tuple[Reply | None, bytes, int]:
         counted = self.counter.count_prompt(payload, path)
         n = counted or 0
         embeddings = path.endswith("/embeddings")
@@ -384,7 +405,6 @@ class ProxyServer:
             if changed:
                 body = _dumps(payload)
                 info["max_tokens_capped"] = cap
-        limit = self.controller.max_model_len()
         if counted is not None and limit:
             message = context_error(n, requested_max_tokens(payload), limit, self.counter.exact, embeddings)
             if message is not None:
@@ -435,7 +455,10 @@ class ProxyServer:
 
     def _learn_prompt_tokens(self, ticket: Ticket, data: bytes) -> None:
         """The engine's own prompt count (`"prompt_tokens": N` in the usage of the answer's last bytes)."""
-        if self.counter.exact or ticket.prompt_tokens <= 0 or b'"prompt_tokens"' not in data:
+        if self.counter.exact or ticket.prompt_tokens <= 0:
+            return
+        self._answers_seen += 1   # a moving average: from every answer at first, then from one in eight
+        if (self._answers_seen > 64 and self._answers_seen & 7) or b'"prompt_tokens"' not in data:
             return
         found = _PROMPT_TOKENS.search(data)
         if found:
