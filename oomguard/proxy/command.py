@@ -276,11 +276,5 @@ async def _serve_forever(config, counter, host: str, port: int, worker=None) -> 
                  config.limits.low_watermark, config.limits.max_queue, config.limits.max_in_flight,
                  config.limits.queue_timeout, "client keys required" if config.api_keys else "no client keys",
                  f", worker {worker.index + 1} of {worker.count}" if worker is not None else "")
-        if os.environ.get("XP_FREEZE"):
-            import gc
-            gc.collect(); gc.freeze()
-        if os.environ.get("XP_NOGC"):
-            import gc
-            gc.disable()
         await stop.wait()
         log.info("shutting down")
