@@ -223,10 +223,14 @@ class AdmissionController:
     def submit(self, ticket: Ticket) -> Decision:
         """A new request. It joins the back of its class, then whatever can be dispatched is."""
         now = self.clock()
-        if all(up.down for up in self.upstreams.values()) and not self.limits.queue_while_down:
-            return Decision("rejected", Rejection(
-                503, "no_upstream", self.limits.down_retry_after,
-                "No upstream engine is reachable right now; retry later."))
+        for up in self.upstreams.values():
+            if not up.down:
+                break
+        else:  # all down
+            if not self.limits.queue_while_down:
+                return Decision("rejected", Rejection(
+                    503, "no_upstream", self.limits.down_retry_after,
+                    "No upstream engine is reachable right now; retry later."))
         ticket.seq = next(self._seq)
         ticket.enqueued_at = now
         ticket.deadline = now + self.limits.queue_timeout
@@ -422,7 +426,8 @@ class AdmissionController:
         ticket.released = False
         up.in_flight += 1
         up.prompt_tokens_in_flight += ticket.prompt_tokens
-        up.kv_tokens_in_flight += self._blocks(ticket, up)
+        if ticket.kv_tokens:
+            up.kv_tokens_in_flight += self._blocks(ticket, up)
         up.admitted_total += 1
         up.sent_since_scrape += 1
         up.tickets.add(ticket)
@@ -431,8 +436,10 @@ class AdmissionController:
         up = self.upstreams[ticket.upstream]
         up.tickets.discard(ticket)
         up.in_flight = max(0, up.in_flight - 1)
-        up.prompt_tokens_in_flight = max(0, up.prompt_tokens_in_flight - ticket.prompt_tokens)
-        up.kv_tokens_in_flight = max(0, up.kv_tokens_in_flight - self._blocks(ticket, up))
+        if ticket.prompt_tokens:
+            up.prompt_tokens_in_flight = max(0, up.prompt_tokens_in_flight - ticket.prompt_tokens)
+        if ticket.kv_tokens:
+            up.kv_tokens_in_flight = max(0, up.kv_tokens_in_flight - self._blocks(ticket, up))
 
     @staticmethod
     def _blocks(ticket: Ticket, up: Upstream) -> int:

@@ -32,6 +32,11 @@ from urllib.parse import urlsplit
 
 import httptools
 
+# never passed on from one connection to the next (RFC 9110 7.6.1), nor the framing, which the proxy redoes
+HOP_BY_HOP = frozenset({
+    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
+    b"trailer", b"trailers", b"transfer-encoding", b"upgrade", b"content-length",
+})
 HIGH_WATER = 256 << 10  # bytes a response holds for its reader before the upstream socket is paused
 _MAX_HEAD = 64 << 10     # a response head larger than this is not HTTP we want
 
@@ -52,7 +57,8 @@ class UpstreamPool:
     """HTTP/1.1 keep-alive connections to one upstream base URL (scheme://host:port[/prefix])."""
 
     def __init__(self, base: str, connect_timeout: float = 5.0, read_timeout: float | None = 600.0,
-                 keepalive_timeout: float = 60.0, max_idle: int = 1024) -> None:
+                 keepalive_timeout: float = 60.0, max_idle: int = 1024,
+                 drop_headers: frozenset[bytes] = HOP_BY_HOP) -> None:
         parts = urlsplit(base.rstrip("/"))
         self.base = base.rstrip("/")
         self.host = parts.hostname or "127.0.0.1"
@@ -66,6 +72,7 @@ class UpstreamPool:
         self.read_timeout = read_timeout
         self.keepalive_timeout = keepalive_timeout
         self.max_idle = max_idle
+        self.drop_headers = drop_headers  # lower-case names left out of UpstreamResponse.passed
         self._idle: deque[_Connection] = deque()
         self._busy: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -170,18 +177,23 @@ class UpstreamPool:
 class UpstreamResponse:
     """One answer: status and headers at once, the body as it arrives (`read`, `next_chunk`)."""
 
-    __slots__ = ("status", "headers", "content_type", "content_length", "chunked", "_conn", "_chunks",
+    __slots__ = ("status", "headers", "passed", "content_type", "content_length", "chunked", "_conn", "_chunks",
                  "_buffered", "_done", "_error", "_waiter", "_finished")
 
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._conn = conn
         self.status = status
         self.headers = headers  # raw (name, value) pairs as the engine sent them
+        self.passed: list[tuple[bytes, bytes]] = []  # those to pass on: all but the pool's drop_headers
         self.content_type = b""
         self.content_length: int | None = None
         self.chunked = False
-        for name, value in headers:
+        drop = conn.pool.drop_headers
+        for pair in headers:
+            name, value = pair
             lower = name.lower()
+            if lower not in drop:
+                self.passed.append(pair)
             if lower == b"content-type":
                 self.content_type = value.split(b";", 1)[0].strip().lower()
             elif lower == b"content-length" and value.strip().isdigit():

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import aiohttp
 from .http import ClientGone, Request, RequestTimeout
-from .pool import UpstreamBroken, UpstreamPool, UpstreamUnavailable
+from .pool import HOP_BY_HOP, UpstreamBroken, UpstreamPool, UpstreamUnavailable
 from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
 from .metrics import ProxyMetrics
 from .tokens import PromptRatio, TokenCounter, context_error, load_counter, requested_max_tokens
@@ -50,13 +50,9 @@ access_log = logging.getLogger("oomguard.proxy.access")
 # Only these paths are ever forwarded, and only to configured upstreams: never an open proxy.
 _SAFE_V1_PATH = re.compile(r"^/v1(/[A-Za-z0-9_\-.:]+)*/?$")
 _GUARDED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
-_HOP_BY_HOP = frozenset({
-    b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection", b"te",
-    b"trailer", b"trailers", b"transfer-encoding", b"upgrade",
-})
-_DROP_REQUEST = _HOP_BY_HOP | {b"host", b"authorization", b"content-length", b"x-priority", b"x-api-key", b"expect",
+_DROP_REQUEST = HOP_BY_HOP | {b"host", b"authorization", b"content-length", b"x-priority", b"x-api-key", b"expect",
                                b"cookie", b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"}
-_DROP_RESPONSE = _HOP_BY_HOP | {b"content-length", b"server", b"set-cookie"}
+_DROP_RESPONSE = HOP_BY_HOP | {b"server", b"set-cookie"}
 _FULL_READ_LIMIT = 64 << 10  # non-streaming answers up to this size are read whole, then sent at once; larger
 #                              ones are passed on as they come, at the client's pace
 _MAX_EVENT = 1 << 20  # an SSE event larger than this is passed on in pieces (it is no engine's event)
@@ -147,7 +143,7 @@ class ProxyServer:
     async def start(self, first_poll_timeout: float = 5.0) -> None:
         for name, address in self.addresses.items():
             self._pools[name] = UpstreamPool(address.base, connect_timeout=self.config.connect_timeout,
-                                             read_timeout=self.config.read_timeout)
+                                             read_timeout=self.config.read_timeout, drop_headers=_DROP_RESPONSE)
         self._poll_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=0))
         for name, address in self.addresses.items():
             self.pollers[name] = Poller(address, self.controller, self._poll_session, self._wake,
@@ -427,7 +423,7 @@ class ProxyServer:
         finished = False
         try:
             info["status_upstream"] = resp.status
-            out_headers = [(k, v) for k, v in resp.headers if k.lower() not in _DROP_RESPONSE]
+            out_headers = resp.passed
             is_sse = resp.content_type == b"text/event-stream"
             length = resp.content_length
             if not is_sse and (resp.complete or (length is not None and length <= _FULL_READ_LIMIT)):
