@@ -39,6 +39,7 @@ class FakeEngine:
         self.hold: asyncio.Event | None = None  # when set to an Event, requests wait for it
         self.die_after_chunks: int | None = None  # close the connection mid-stream
         self.error_status: int | None = None  # answer every inference request with this status
+        self.answer_bytes = 0  # answer inference with this many bytes: SSE events of 64 KiB, or a plain body
         self.seen: list[dict[str, Any]] = []  # every inference request: path, headers, body
         self.active = 0
         self.cancelled = 0
@@ -127,6 +128,8 @@ class FakeEngine:
                 return web.json_response({"error": {"message": "engine says no", "type": "BadRequestError",
                                                     "param": None, "code": self.error_status}},
                                          status=self.error_status, headers={"x-engine": "fake"})
+            if self.answer_bytes:
+                return await self._large(request, body.get("stream") is True)
             if body.get("stream"):
                 resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-engine": "fake"})
                 await resp.prepare(request)
@@ -153,7 +156,23 @@ class FakeEngine:
             raise
         finally:
             self.active -= 1
-
+    async def _large(self, request: web.Request, sse: bool) -> web.StreamResponse:
+        """`answer_bytes` as fast as the reader takes them (aiohttp's write waits while the socket is full)."""
+        event = b"data: " + b"x" * ((64 << 10) - 8) + b"\n\n"
+        block = event * 16  # 1 MiB a write
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream" if sse else "application/octet-stream"})
+        if not sse:
+            resp.content_length = self.answer_bytes
+        await resp.prepare(request)
+        left = self.answer_bytes
+        while left > 0:
+            await resp.write(block[:left])
+            left -= len(block)
+        if sse:
+            await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        self.completed += 1
+        return resp
 
 
 class IdleClosingEngine:

@@ -64,6 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="close an upstream response that sends nothing for this long (default 120: a prefill of "
                         "a long prompt under load; a hung engine frees the request's slot after it)")
     g = p.add_argument_group("request checks")
+    g.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a request's line and headers must arrive within this of its first byte, else 408 and the "
+                        "connection closes (default 10)")
+    g.add_argument("--body-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request's body must arrive within this of its headers, else 408 (default 60)")
+    g.add_argument("--keepalive-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="close a client's idle keep-alive connection after this (default 60)")
     g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default 8 MiB)")
     g.add_argument("--max-tokens-cap", type=int, default=None,
                    help="lower max_tokens/max_completion_tokens above this to it (and set it when absent)")
@@ -140,6 +147,10 @@ def config_from_args(args: argparse.Namespace):
                          "or --allow-remote to serve without keys")
     if not (math.isfinite(args.upstream_idle_timeout) and args.upstream_idle_timeout >= 1):
         raise UsageError(f"--upstream-idle-timeout must be at least 1 second (got {args.upstream_idle_timeout})")
+    for flag in ("header_timeout", "body_timeout", "keepalive_timeout"):
+        value = getattr(args, flag)
+        if not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{flag.replace('_', '-')} must be a number of seconds above 0 (got {value})")
     if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
         raise UsageError(f"--max-tokens-cap must be at least 1 (got {args.max_tokens_cap})")
     if args.max_body_bytes < 1024:
@@ -159,7 +170,8 @@ def config_from_args(args: argparse.Namespace):
                          upstream_api_key=args.upstream_api_key or os.environ.get("OOMGUARD_UPSTREAM_API_KEY"),
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
                          access_log=not args.no_access_log, tokenizer=args.tokenizer,
-                         read_timeout=args.upstream_idle_timeout)
+                         read_timeout=args.upstream_idle_timeout, header_timeout=args.header_timeout,
+                         body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout)
     return config, (host, port)
 
 

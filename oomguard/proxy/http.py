@@ -331,6 +331,7 @@ class _HttpProtocol(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._in_head = False
         self._head_bytes = 0
+        self._feeding = 0
         self._reading_paused = False
         self.deadline = 0.0
         self._waiting_for = _IDLE
@@ -380,6 +381,7 @@ class _HttpProtocol(asyncio.Protocol):
                 self._drain = None
 
     def data_received(self, data: bytes) -> None:
+        self._feeding = len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -420,6 +422,10 @@ class _HttpProtocol(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         url = self._url
+        if self._head_bytes + self._feeding > MAX_HEAD_BYTES and \
+                len(url) + sum(len(n) + len(v) + 4 for n, v in self._headers) > MAX_HEAD_BYTES:
+            # (measured only when the bytes read for it could hold a head that large)
+            raise _Refused(431, f"request line and headers over {MAX_HEAD_BYTES >> 10} KiB")
         if not url.startswith(b"/"):  # absolute-form ("http://host/...") or "*": this is no forward proxy
             raise _Refused(400, "the request target must be a path")
         raw_path, _, query = url.partition(b"?")
