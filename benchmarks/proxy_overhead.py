@@ -515,7 +515,7 @@ def machine() -> dict:
         except PackageNotFoundError:
             return None
     return {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-            **{name: installed(name) for name in ("granian", "aiohttp", "uvloop")}}
+            **{name: installed(name) for name in ("httptools", "orjson", "uvloop", "granian", "aiohttp")}}
 
 
 def render(results: dict, skipped: dict, args) -> str:
@@ -532,7 +532,7 @@ def render(results: dict, skipped: dict, args) -> str:
         return f"{r[key] - direct[key]:+.2f}"
 
     m = machine()
-    lines = [f"{m['cpus']} CPUs, Python {m['python']}, granian {m['granian']}, aiohttp {m['aiohttp']}, "
+    lines = [f"{m['cpus']} CPUs, Python {m['python']}, httptools {m['httptools']}, orjson {m['orjson']}, "
              f"uvloop {m['uvloop']}; "
              f"{args.streams} concurrent SSE streams ({STREAM_EVENTS} events, {STREAM_GAP_S * 1000:.0f} ms apart)",
              "",

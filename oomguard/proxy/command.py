@@ -254,12 +254,13 @@ async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int
     The port is opened with SO_REUSEPORT when there are several workers, so they share it; each worker also
     answers on a private Unix socket in the run directory, where its siblings ask for its metrics."""
     from .http import HttpServer
-    from .server import ProxyServer
+    from .server import DROP_REQUEST_HEADERS, ProxyServer
 
     server = ProxyServer(config, counter, worker)
     await server.start()
     http = HttpServer(server.handle, header_timeout=config.header_timeout, body_timeout=config.body_timeout,
-                      keepalive_timeout=config.keepalive_timeout, max_body_bytes=config.max_body_bytes)
+                      keepalive_timeout=config.keepalive_timeout, max_body_bytes=config.max_body_bytes,
+                      drop_headers=DROP_REQUEST_HEADERS)
     try:
         many = worker is not None and worker.count > 1
         try:

@@ -64,7 +64,8 @@ def _head(status: int, headers: list[tuple[bytes, bytes]] | tuple, framing: byte
 class Request:
     """One request: its head at once, its body through `body()`, its answer through `respond` or `stream`."""
 
-    __slots__ = ("method", "path", "query", "raw_headers", "headers", "keep_alive", "http10", "disconnected", "_proto",
+    __slots__ = ("method", "path", "query", "raw_headers", "headers", "passed", "keep_alive", "http10", "disconnected",
+                 "_proto",
                  "_chunks", "_size", "_complete", "_too_large", "_waiter", "_error", "_expect", "_started",
                  "_finished", "task")
 
@@ -76,11 +77,18 @@ class Request:
         self.query = query  # as sent
         self.raw_headers = raw_headers  # (name, value) as sent
         headers: dict[str, str] = {}
-        for name, value in raw_headers:
-            key = name.decode("latin-1").lower()
+        drop = proto.server.drop_headers
+        passed = []
+        for pair in raw_headers:
+            name, value = pair
+            lower = name.lower()
+            key = lower.decode("latin-1")
             text = value.decode("latin-1")
             headers[key] = text if key not in headers else headers[key] + ", " + text
+            if lower not in drop:
+                passed.append(b"%s: %s\r\n" % pair)
         self.headers = headers  # lower-case names; repeated headers joined with ", "
+        self.passed = b"".join(passed)  # the header lines not in the server's drop_headers, as sent
         self.keep_alive = keep_alive
         self.http10 = http10  # an HTTP/1.0 client: no chunked answers, so a body of unknown length ends with a close
         self.disconnected = False  # set when the client closed the connection
@@ -231,8 +239,10 @@ class HttpServer:
     """Serves `handler` on TCP and Unix sockets in the running event loop."""
 
     def __init__(self, handler: Handler, header_timeout: float = 10.0, body_timeout: float = 60.0,
-                 keepalive_timeout: float = 60.0, max_body_bytes: int = 8 << 20) -> None:
+                 keepalive_timeout: float = 60.0, max_body_bytes: int = 8 << 20,
+                 drop_headers: frozenset[bytes] = frozenset()) -> None:
         self.handler = handler
+        self.drop_headers = drop_headers  # lower-case names left out of Request.passed
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keepalive_timeout = keepalive_timeout

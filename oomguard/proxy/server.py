@@ -95,6 +95,9 @@ class ProxyConfig:
     tokenizer: str | None = None  # --tokenizer; without it the served model's tokenizer.json in the HF cache
 
 
+DROP_REQUEST_HEADERS = _DROP_REQUEST  # for the HTTP server: what Request.passed leaves out
+
+
 class _UpstreamGone(Exception):
     """The upstream failed before any response header came back: the request may be tried again."""
 
@@ -550,9 +553,9 @@ class ProxyServer:
         """The client's headers to pass on, as header lines: hop-by-hop ones, the client's credentials and the
         proxy's own (x-priority) dropped, the upstream's key added."""
         connection = req.headers.get("connection")
-        drop = _DROP_REQUEST
-        if connection:
-            drop = drop | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
+        if not connection:   # the server left out _DROP_REQUEST already (it was made with it)
+            return req.passed + self._upstream_header_lines
+        drop = _DROP_REQUEST | {t.strip().lower().encode("latin-1") for t in connection.split(",")}
         lines = [b"%s: %s\r\n" % (k, v) for k, v in req.raw_headers if k.lower() not in drop]
         lines.append(self._upstream_header_lines)
         return b"".join(lines)
