@@ -277,6 +277,9 @@ def test_chunked_request_bodies_http10_clients_and_head() -> None:
                                   b"Connection: close\r\n\r\n")
             first, _, rest = out.partition(b"\r\n\r\n")
             assert first.startswith(b"HTTP/1.1 200 ") and rest.startswith(b"HTTP/1.1 200 ")
+            models = await raw(port, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            length = len(models.partition(b"\r\n\r\n")[2])
+            assert f"content-length: {length}".encode() in first.lower()   # the length of what GET would send
 
     run(scenario())
 

@@ -242,6 +242,13 @@ class AdmissionController:
                 return Decision("rejected", self._rejection(429, "queue_full", self.queue_length()))
             self.queues[victim.priority].remove(victim)
             evicted.append((victim, self._rejection(429, "evicted", self.queue_length())))
+        if not evicted and not any(self.queues.values()):
+            # nobody waits: the ticket goes straight to an upstream that takes it (what dispatch would do)
+            open_ups = [up for up in self.upstreams.values() if up.state(now, self.limits)[0] is State.OPEN]
+            up = self._route(ticket, open_ups) if open_ups else None
+            if up is not None:
+                self._assign(ticket, up)
+                return Decision("admitted")
         self.queues[ticket.priority].append(ticket)
         dispatched = self.dispatch()
         outcome = "admitted" if ticket.upstream is not None else "queued"

@@ -149,6 +149,13 @@ class Request:
             finally:
                 self._waiter = None
 
+    def body_now(self, limit: int) -> bytes | None:
+        """The whole body if it is all in already and no larger than `limit`, else None (then `body()`)."""
+        if self._complete and not self._too_large and self._size <= limit:
+            chunks = self._chunks
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return None
+
     @property
     def body_complete(self) -> bool:
         return self._complete

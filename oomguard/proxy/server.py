@@ -32,8 +32,7 @@ from .workers import WorkerInfo, gather_siblings, merge_metrics, merge_status
 try:  # faster JSON when available; the stdlib otherwise
     import orjson as _orjson
 
-    def _loads(data: bytes) -> Any:
-        return _orjson.loads(data)
+    _loads = _orjson.loads
 
     def _dumps(obj: Any) -> bytes:
         return _orjson.dumps(obj)
@@ -252,7 +251,7 @@ class ProxyServer:
     async def _handle_v1(self, req: Request, info: dict[str, Any]) -> int:
         """Answer one /v1 request; returns the status sent."""
         headers = req.headers
-        if not self._authorized(headers):
+        if self._api_keys and not self._authorized(headers):
             info["reason"] = "unauthorized"
             self.metrics.on_reject("unauthorized")
             return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(req)
@@ -267,7 +266,9 @@ class ProxyServer:
 
         # ---- body: size, JSON, priority, prompt length
         try:
-            body = await req.body(self.config.max_body_bytes)
+            body = req.body_now(self.config.max_body_bytes)   # the common case: all of it came with the head
+            if body is None:
+                body = await req.body(self.config.max_body_bytes)
         except RequestTimeout:
             info["reason"] = "body_timeout"
             self.metrics.on_reject("body_timeout")
@@ -279,7 +280,8 @@ class ProxyServer:
             return self._error(413, f"The request body is larger than the proxy's limit of "
                                     f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError").send(req)
         try:
-            priority = Priority.parse(headers.get("x-priority"))
+            given = headers.get("x-priority")
+            priority = Priority.NORMAL if given is None else Priority.parse(given)
         except ValueError as exc:
             info["reason"] = "bad_priority"
             self.metrics.on_reject("bad_request")
@@ -429,6 +431,10 @@ class ProxyServer:
             out_headers = resp.passed
             is_sse = resp.content_type == b"text/event-stream"
             length = resp.content_length
+            if req.method == "HEAD":   # the engine's head as it is, its length included; no body
+                req.stream(resp.status, out_headers, length).end()
+                finished = True
+                return resp.status
             if not is_sse and (resp.complete or (length is not None and length <= _FULL_READ_LIMIT)):
                 try:
                     data = await resp.read()
