@@ -26,7 +26,9 @@ Candidates (install them in a virtual environment of their own and run this file
   servers  aiohttp-web (web.Application), aiohttp-lowlevel (web.Server), granian RSGI (1 worker; variants for
            --runtime-threads, --loop, --runtime-mode, --task-impl), uvicorn-httptools (raw ASGI app, uvloop),
            blacksheep (on uvicorn-httptools), socketify
-  clients  aiohttp (set up as oomguard/proxy/client.py), httpx, curl_cffi (AsyncSession), pyreqwest, rnet
+           oomguard-http (oomguard/proxy/http.py: an asyncio Protocol over httptools, uvloop)
+  clients  aiohttp (set up as the proxy's client before pool.py), httpx, curl_cffi (AsyncSession), pyreqwest, rnet,
+           pool (oomguard/proxy/pool.py: keep-alive asyncio Protocols over httptools)
 
 Usage:
   python -m venv --system-site-packages VENV && VENV/bin/pip install granian rloop 'uvicorn[standard]' \
@@ -74,8 +76,10 @@ SERVERS = {  # name -> (kind, extra options)
     "uvicorn-httptools": ("uvicorn", {}),
     "blacksheep": ("blacksheep", {}),
     "socketify": ("socketify", {}),
+    "oomguard-http": ("oomguard-http", {}),  # oomguard/proxy/http.py: an asyncio Protocol over httptools
 }
-CLIENTS = ("aiohttp", "httpx", "curl_cffi", "pyreqwest", "rnet")
+CLIENTS = ("aiohttp", "httpx", "curl_cffi", "pyreqwest", "rnet", "pool")
+CLIENT_MODULES = {"pool": "httptools"}  # what a client needs importable, where its name is no module
 PACKAGES = ("aiohttp", "uvloop", "granian", "rloop", "uvicorn", "httptools", "blacksheep", "socketify", "httpx",
             "curl_cffi", "pyreqwest", "rnet", "orjson")
 
@@ -245,7 +249,37 @@ class RnetClient:
     abort = done
 
 
-CLIENT_CLASSES = {"aiohttp": AiohttpClient, "httpx": HttpxClient, "curl_cffi": CurlCffiClient,
+class PoolClient:
+    """oomguard/proxy/pool.py: keep-alive connections as asyncio Protocols over httptools."""
+
+    def __init__(self, base: str) -> None:
+        from oomguard.proxy.pool import UpstreamPool
+        self.pool = UpstreamPool(base, drop_headers=frozenset(h.encode() for h in DROP_RESPONSE))
+
+    async def open(self, method, target, headers, body):
+        lines = b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+        resp = await self.pool.request(method, target.encode("latin-1"), lines, body)
+        out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.passed]
+        return resp.status, out, resp.content_length is not None, resp
+
+    async def read(self, resp):
+        return await resp.read()
+
+    async def chunks(self, resp):
+        while True:
+            chunk = await resp.next_chunk()
+            if not chunk:
+                return
+            yield chunk
+
+    async def done(self, resp):
+        resp.release()
+
+    async def abort(self, resp):
+        resp.close()
+
+
+CLIENT_CLASSES = {"pool": PoolClient, "aiohttp": AiohttpClient, "httpx": HttpxClient, "curl_cffi": CurlCffiClient,
                   "pyreqwest": PyreqwestClient, "rnet": RnetClient}
 
 
@@ -417,6 +451,43 @@ def serve_uvicorn(port: int, app) -> None:
     uvicorn.Server(config).run()
 
 
+def serve_oomguard_http(port: int) -> None:
+    """oomguard/proxy/http.py's server with the same pass-through as the others."""
+    po._fast_loop()
+    from oomguard.proxy.http import HttpServer
+
+    lazy = _env_client()
+
+    async def handler(req):
+        body = await req.body(1 << 30)
+        c = lazy.get()
+        target = req.path + ("?" + req.query if req.query else "")
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in req.raw_headers
+                   if k.decode("latin-1").lower() not in DROP_REQUEST]
+        status, out, has_length, h = await c.open(req.method, target, headers, body)
+        out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out]
+        if has_length:
+            req.respond(status, out, await c.read(h))
+            await c.done(h)
+            return
+        stream = req.stream(status, out)
+        try:
+            async for chunk in c.chunks(h):
+                await stream.write(chunk)
+        except BaseException:  # client gone (handler cancelled) or write failed
+            await c.abort(h)
+            raise
+        await c.done(h)
+        stream.end()
+
+    async def main():
+        server = HttpServer(handler)
+        await server.listen("127.0.0.1", port)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
 def serve_granian_embedded(port: int) -> None:
     po._fast_loop()
     from granian.constants import HTTPModes, Interfaces
@@ -531,6 +602,8 @@ def run_proxy(spec: dict) -> None:
         serve_uvicorn(port, blacksheep_app())
     elif kind == "socketify":
         serve_socketify(port)
+    elif kind == "oomguard-http":
+        serve_oomguard_http(port)
     elif kind == "granian-embed":
         serve_granian_embedded(port)
     else:
@@ -700,7 +773,7 @@ async def _get(port: int, path: str) -> bytes:
 
 
 # ============================================================================================ orchestration
-_MODULES = {"granian": ("granian",), "granian-embed": ("granian", "uvloop"),
+_MODULES = {"oomguard-http": ("httptools", "uvloop"), "granian": ("granian",), "granian-embed": ("granian", "uvloop"),
             "uvicorn": ("uvicorn", "httptools", "uvloop"),
             "blacksheep": ("blacksheep", "uvicorn", "httptools", "uvloop"), "socketify": ("socketify",)}
 _importable: dict[tuple[str, str], str | None] = {}
@@ -719,7 +792,8 @@ def missing(python: str, modules: tuple[str, ...]) -> str | None:
 
 def start_pair(server: str, client: str, upstream_port: int, python: str, log: Path) -> po.Target | str:
     kind, opts = SERVERS[server]
-    why = missing(python, _MODULES.get(kind, ()) + (client,) + (("rloop",) if opts.get("loop") == "rloop" else ()))
+    why = missing(python, _MODULES.get(kind, ()) + (CLIENT_MODULES.get(client, client),)
+                  + (("rloop",) if opts.get("loop") == "rloop" else ()))
     if why:
         return why
     port = po.free_port()
