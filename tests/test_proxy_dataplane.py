@@ -217,8 +217,37 @@ def test_a_connection_that_sends_nothing_or_idles_is_closed() -> None:
     run(scenario())
 
 
+def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -> None:
+    """Backpressure holds the engine's answer back for a stalled client; past --send-timeout the client is dropped,
+    so the engine stops working for it instead of waiting on it forever."""
+    async def scenario():
+        engine = FakeEngine()
+        engine.answer_bytes = 64 << 20
+        async with engine, running_proxy(config_for(engine, send_timeout=1.0)) as (server, url):
+            port = int(url.rsplit(":", 1)[1])
+            body = json.dumps(completion(stream=True)).encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 16)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            got = len(await reader.readexactly(1 << 20))
+            await asyncio.sleep(3.0)   # stalled: the proxy's socket to us fills, then the send timeout passes
+            try:
+                while True:
+                    data = await reader.read(1 << 20)
+                    if not data:
+                        break
+                    got += len(data)
+            except ConnectionError:
+                pass
+            writer.close()
+            assert got < 32 << 20   # cut off, not the whole answer
+            await wait_until(lambda: engine.cancelled == 1 and engine.active == 0, timeout=5)
+
+    run(scenario())
+
+
 def test_timeout_settings_are_validated() -> None:
-    for flag in ("--header-timeout", "--body-timeout", "--keepalive-timeout"):
+    for flag in ("--header-timeout", "--body-timeout", "--keepalive-timeout", "--send-timeout"):
         for bad in ("0", "-1", "nan", "inf"):
             r = subprocess.run([sys.executable, "-m", "oomguard", "proxy", "--upstream", "http://127.0.0.1:9",
                                 flag, bad], capture_output=True, text=True, timeout=60, cwd=REPO)

@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a request's body must arrive within this of its headers, else 408 (default 60)")
     g.add_argument("--keepalive-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="close a client's idle keep-alive connection after this (default 60)")
+    g.add_argument("--send-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="drop a client that reads nothing of its answer for this long, so that the engine stops "
+                        "working for it (default 60)")
     g.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body (default 8 MiB)")
     g.add_argument("--max-tokens-cap", type=int, default=None,
                    help="lower max_tokens/max_completion_tokens above this to it (and set it when absent)")
@@ -148,7 +151,7 @@ def config_from_args(args: argparse.Namespace):
                          "or --allow-remote to serve without keys")
     if not (math.isfinite(args.upstream_idle_timeout) and args.upstream_idle_timeout >= 1):
         raise UsageError(f"--upstream-idle-timeout must be at least 1 second (got {args.upstream_idle_timeout})")
-    for flag in ("header_timeout", "body_timeout", "keepalive_timeout"):
+    for flag in ("header_timeout", "body_timeout", "keepalive_timeout", "send_timeout"):
         value = getattr(args, flag)
         if not (math.isfinite(value) and value > 0):
             raise UsageError(f"--{flag.replace('_', '-')} must be a number of seconds above 0 (got {value})")
@@ -172,7 +175,8 @@ def config_from_args(args: argparse.Namespace):
                          max_body_bytes=args.max_body_bytes, max_tokens_cap=args.max_tokens_cap,
                          access_log=not args.no_access_log, tokenizer=args.tokenizer,
                          read_timeout=args.upstream_idle_timeout, header_timeout=args.header_timeout,
-                         body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout)
+                         body_timeout=args.body_timeout, keepalive_timeout=args.keepalive_timeout,
+                         send_timeout=args.send_timeout)
     return config, (host, port)
 
 
@@ -261,7 +265,7 @@ async def running_proxy(config, counter=None, host: str = "127.0.0.1", port: int
     await server.start()
     http = HttpServer(server.handle, header_timeout=config.header_timeout, body_timeout=config.body_timeout,
                       keepalive_timeout=config.keepalive_timeout, max_body_bytes=config.max_body_bytes,
-                      drop_headers=DROP_REQUEST_HEADERS)
+                      drop_headers=DROP_REQUEST_HEADERS, send_timeout=config.send_timeout)
     try:
         many = worker is not None and worker.count > 1
         try:

@@ -13,7 +13,8 @@ the proxy needs:
   client is one connection among many in the loop, so a slow one delays nobody else;
 * backpressure: a response written faster than the client reads fills the connection's write buffer up to
   `WRITE_HIGH_WATER`, then `ResponseStream.write` waits until it drains below `WRITE_LOW_WATER` (the upstream
-  side stops reading its socket meanwhile: oomguard.proxy.pool);
+  side stops reading its socket meanwhile: oomguard.proxy.pool); a client whose socket takes nothing for
+  `send_timeout` is dropped;
 * a client that disconnects cancels its request's task, wherever it is.
 """
 
@@ -247,18 +248,19 @@ class HttpServer:
 
     def __init__(self, handler: Handler, header_timeout: float = 10.0, body_timeout: float = 60.0,
                  keepalive_timeout: float = 60.0, max_body_bytes: int = 8 << 20,
-                 drop_headers: frozenset[bytes] = frozenset()) -> None:
+                 drop_headers: frozenset[bytes] = frozenset(), send_timeout: float = 60.0) -> None:
         self.handler = handler
         self.drop_headers = drop_headers  # lower-case names left out of Request.passed
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.send_timeout = send_timeout  # a client whose socket takes nothing for this long is dropped
         self.max_body_bytes = max_body_bytes
         self.connections: set[_HttpProtocol] = set()
         self.stopping = False
         self._servers: list[asyncio.AbstractServer] = []
         self._sweeper: asyncio.TimerHandle | None = None
-        self._every = min(1.0, max(0.05, min(header_timeout, body_timeout, keepalive_timeout) / 8))
+        self._every = min(1.0, max(0.05, min(header_timeout, body_timeout, keepalive_timeout, send_timeout) / 8))
 
     async def listen(self, host: str, port: int, reuse_port: bool = False, backlog: int = 1024) -> int:
         """Listen on host:port (0: a free port); returns the port. `reuse_port` lets other processes (the
@@ -320,9 +322,14 @@ class HttpServer:
     def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
+        stalled = now - self.send_timeout
         for proto in list(self.connections):
             if proto.deadline and now >= proto.deadline:
                 proto.expired()
+            elif proto.write_paused and proto.paused_at < stalled:
+                # the client has taken nothing for the send timeout: dropped, so that its request (and the
+                # engine's work on it) ends instead of waiting on it forever
+                proto.abort()
         self._sweeper = loop.call_later(self._every, self._sweep)
 
 
@@ -340,6 +347,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.closed = False
         self.write_paused = False
+        self.paused_at = 0.0
         self._drain: asyncio.Future | None = None
         self.current: Request | None = None    # the request being answered
         self.pending: deque[Request] = deque()  # pipelined requests behind it
@@ -380,6 +388,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = True
+        self.paused_at = self.loop.time()
 
     def resume_writing(self) -> None:
         self.write_paused = False

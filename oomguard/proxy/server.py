@@ -90,6 +90,7 @@ class ProxyConfig:
     header_timeout: float = 10.0   # a request's head must be in within this of its first byte
     body_timeout: float = 60.0     # and its body within this of its head (else 408)
     keepalive_timeout: float = 60.0  # an idle client connection is closed after this
+    send_timeout: float = 60.0     # a client that reads nothing of its answer for this long is dropped
     access_log: bool = True
     tokenizer: str | None = None  # --tokenizer; without it the served model's tokenizer.json in the HF cache
 
