@@ -220,6 +220,24 @@ class ResponseStream:
         if proto.write_paused:
             await proto.drain()
 
+    def write_nowait(self, data: bytes) -> bool:
+        """`write` from a callback: queues `data` at once; False when the client's socket is full (then
+        `on_drain`'s callback says when it has room again)."""
+        proto = self._proto
+        if not data or self._req.method == "HEAD" or proto.closed:
+            return not proto.closed
+        if not self._chunked:
+            proto.write(data)
+        elif len(data) < 16384:
+            proto.write(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            proto.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        return not proto.write_paused
+
+    def on_drain(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` each time the client's socket has room again (after a write filled it)."""
+        self._proto.on_drain = callback
+
     def end(self) -> None:
         """The body is complete."""
         req = self._req
@@ -348,6 +366,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.closed = False
         self.write_paused = False
         self.paused_at = 0.0
+        self.on_drain: Callable[[], None] | None = None
         self._drain: asyncio.Future | None = None
         self.current: Request | None = None    # the request being answered
         self.pending: deque[Request] = deque()  # pipelined requests behind it
@@ -392,6 +411,8 @@ class _HttpProtocol(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.on_drain is not None:
+            self.on_drain()
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_result(None)
@@ -515,6 +536,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def finished(self, req: Request, close: bool, abort: bool = False) -> None:
         """`req`'s answer is written: the next pipelined request, or wait for one, or close."""
+        self.on_drain = None
         if self.current is req:
             self.current = None
         if self.closed:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 import httptools
@@ -178,7 +178,7 @@ class UpstreamResponse:
     """One answer: status and headers at once, the body as it arrives (`read`, `next_chunk`)."""
 
     __slots__ = ("status", "headers", "passed", "content_type", "content_length", "chunked", "_conn", "_chunks",
-                 "_buffered", "_done", "_error", "_waiter", "_finished")
+                 "_buffered", "_done", "_error", "_waiter", "_finished", "_sink", "_piped")
 
     def __init__(self, conn: _Connection, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self._conn = conn
@@ -206,9 +206,14 @@ class UpstreamResponse:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._finished = False
+        self._sink: Callable[[bytes], bool] | None = None
+        self._piped: asyncio.Future | None = None
 
     # fed by the connection
     def _feed(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._to_sink(data)
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > HIGH_WATER:
@@ -220,6 +225,13 @@ class UpstreamResponse:
     def _end(self, error: BaseException | None) -> None:
         self._done = True
         self._error = error
+        piped = self._piped
+        if piped is not None and not piped.done():
+            if error is None:
+                piped.set_result(None)
+            else:
+                piped.set_exception(error)
+                piped.exception()  # retrieved here: its awaiter may be gone (cancelled)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -248,6 +260,38 @@ class UpstreamResponse:
         self._buffered = 0
         self._conn.resume()
         return data
+
+    def pipe(self, sink: Callable[[bytes], bool]) -> asyncio.Future:
+        """From now on hand the body to `sink` as it arrives, from the connection's own callback (no task switch
+        per chunk). `sink` returns False when its side is full: the upstream socket is paused until `resume()`.
+        The future returned ends with the body (None) or with its failure (UpstreamBroken)."""
+        piped = self._piped = self._conn.loop.create_future()
+        self._sink = sink
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+            self._to_sink(data)
+        if self._done and not piped.done():
+            self._end(self._error)
+        return piped
+
+    def _to_sink(self, data: bytes) -> None:
+        try:
+            more = self._sink(data)  # type: ignore[misc]
+        except BaseException as exc:  # noqa: BLE001 - the consumer's failure ends the pipe, not the connection's callback
+            self._sink = None
+            self._conn.pause()
+            if self._piped is not None and not self._piped.done():
+                self._piped.set_exception(exc)
+                self._piped.exception()
+            return
+        if not more:
+            self._conn.pause()
+
+    def resume(self) -> None:
+        """The sink can take more (after it returned False)."""
+        self._conn.resume()
 
     async def read(self) -> bytes:
         """The whole body (for small answers)."""

@@ -474,7 +474,10 @@ class ProxyServer:
                       info: dict, ticket: Ticket | None = None) -> bytes:
         """Forward the body as it comes, at the client's pace; returns its last bytes (where an SSE stream's
         usage is). Each streamed event carries at least one token: their count is the request's progress, for the
-        KV peak admission projects."""
+        KV peak admission projects.
+
+        The chunks go from the engine's connection to the client's in the connection's own callback (`pipe`),
+        with no task switch per chunk; while the client's socket is full the engine's is not read."""
         length = None
         if is_sse:
             out_headers = [(k, v) for k, v in out_headers if k.lower() != b"cache-control"]
@@ -484,30 +487,33 @@ class ProxyServer:
         stream = req.stream(resp.status, out_headers, length)
         pending = last = b""
         sent = events = 0
+        counting = is_sse and ticket is not None and ticket.stream
+
+        def on_chunk(chunk: bytes) -> bool:
+            nonlocal pending, last, sent, events
+            if is_sse:
+                # forward whole events as soon as they are complete, so a failure never leaves half an event
+                buf = pending + chunk if pending else chunk
+                cut = _event_end(buf)
+                if cut == 0 and len(buf) <= _MAX_EVENT:
+                    pending = buf
+                    return True
+                if cut == 0:
+                    cut = len(buf)  # no engine sends events this large: passed on, not held
+                pending = buf[cut:]
+                chunk = buf[:cut]
+                if counting:
+                    events += chunk.count(b"\n\n")
+                    self._wake(self.controller.progress(ticket, events))
+            sent += len(chunk)
+            last = chunk[-_TAIL:] if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
+            return stream.write_nowait(chunk)
+
+        stream.on_drain(resp.resume)
         try:
-            while True:
-                chunk = await resp.next_chunk()
-                if not chunk:
-                    break
-                if is_sse:
-                    # forward whole events as soon as they are complete, so a failure never leaves half an event
-                    buf = pending + chunk if pending else chunk
-                    cut = _event_end(buf)
-                    if cut == 0 and len(buf) <= _MAX_EVENT:
-                        pending = buf
-                        continue
-                    if cut == 0:
-                        cut = len(buf)  # no engine sends events this large: passed on, not held
-                    pending = buf[cut:]
-                    chunk = buf[:cut]
-                    if ticket is not None and ticket.stream:
-                        events += chunk.count(b"\n\n")
-                        self._wake(self.controller.progress(ticket, events))
-                await stream.write(chunk)
-                sent += len(chunk)
-                last = chunk[-_TAIL:] if len(chunk) >= _TAIL else (last + chunk)[-_TAIL:]
+            await resp.pipe(on_chunk)
             if pending:
-                await stream.write(pending)
+                stream.write_nowait(pending)
                 sent += len(pending)
                 last = (last + pending)[-_TAIL:]
             stream.end()
@@ -519,10 +525,14 @@ class ProxyServer:
             if is_sse:
                 event = {"error": {"message": f"The upstream engine failed mid-stream: {exc}",
                                    "type": "BadGatewayError", "param": None, "code": 502}}
-                await stream.write(b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
+                stream.write_nowait(b"data: " + _dumps(event) + b"\n\ndata: [DONE]\n\n")
                 stream.end()
             else:
                 stream.abort()  # a plain body cannot carry an error once started: the connection closes short
+        finally:
+            stream.on_drain(None)
+        if req.disconnected:
+            raise ClientGone()
         info["bytes"] = sent
         return last
 
