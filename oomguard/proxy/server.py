@@ -446,7 +446,8 @@ class ProxyServer:
                     return self._error(502, f"The upstream engine failed while answering: {exc}",
                                        "BadGatewayError").send(req)
                 finished = True
-                self._learn_prompt_tokens(ticket, data)
+                if not self.counter.exact:
+                    self._learn_prompt_tokens(ticket, data)
                 req.respond(resp.status, out_headers, data)
                 return resp.status
             tail = await self._stream(req, resp, out_headers, is_sse, name, info, ticket)

@@ -31,12 +31,9 @@ class TokenCounter:
     def __init__(self, encode: Callable[[str], int] | None = None, source: str = "bytes",
                  bytes_per_token: int = BYTES_PER_TOKEN_MAX) -> None:
         self._encode = encode
+        self.exact = encode is not None  # (an attribute, not a property: read for every request)
         self.source = source
         self.bytes_per_token = bytes_per_token
-
-    @property
-    def exact(self) -> bool:
-        return self._encode is not None
 
     def count_text(self, text: str) -> int:
         if self._encode is not None:
