@@ -369,6 +369,8 @@ class _HttpProtocol(asyncio.Protocol):
         self.on_drain: Callable[[], None] | None = None
         self._drain: asyncio.Future | None = None
         self.current: Request | None = None    # the request being answered
+        self._task: asyncio.Task | None = None  # the connection's task (_serve)
+        self._next: asyncio.Future | None = None  # what it waits on between requests
         self.pending: deque[Request] = deque()  # pipelined requests behind it
         self._parsing: Request | None = None    # the request whose body the parser is reading
         self._url = b""
@@ -404,6 +406,8 @@ class _HttpProtocol(asyncio.Protocol):
             if req.task is not None and not req._finished:
                 req.task.cancel()  # the client left: its handler unwinds (and closes the upstream connection)
         self.pending.clear()
+        if self._next is not None and self._task is not None:
+            self._task.cancel()  # it was waiting for a next request
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -509,13 +513,35 @@ class _HttpProtocol(asyncio.Protocol):
     # ----------------------------------------------------------------- requests
     def _start(self, req: Request) -> None:
         self.current = req
-        req.task = self.loop.create_task(self._run(req))
+        task = self._task
+        if task is None:
+            task = self._task = self.loop.create_task(self._serve())
+        elif self._next is not None and not self._next.done():
+            self._next.set_result(None)  # the connection's task waits for it
+        req.task = task
+
+    async def _serve(self) -> None:
+        """The connection's task: its requests one after the other (a task a connection, not a request: a task
+        costs more to make than a wake-up)."""
+        try:
+            while not self.closed:
+                req = self.current
+                if req is None:
+                    self._next = self.loop.create_future()
+                    try:
+                        await self._next
+                    finally:
+                        self._next = None
+                    continue
+                await self._run(req)
+        except asyncio.CancelledError:
+            pass  # the client left, or the server is stopping
+        finally:
+            self._task = None
 
     async def _run(self, req: Request) -> None:
         try:
             await self.server.handler(req)
-        except asyncio.CancelledError:
-            pass  # the client left, or the server is stopping
         except ClientGone:
             pass
         except Exception:  # noqa: BLE001 - a handler bug must not take the connection's others down
