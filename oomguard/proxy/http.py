@@ -1,9 +1,9 @@
 """The proxy's HTTP/1.1 server: an asyncio Protocol per client connection over httptools' request parser.
 
-Chosen by measurement (benchmarks/proxy_overhead.py, README "Proxy"): granian's thread handoff and RSGI layer
-cost more per request than everything else in the proxy; this server parses with httptools (llhttp, the
-parser Node.js and uvicorn use), runs one task per request in the proxy's own event loop, and does only what
-the proxy needs:
+Chosen by measurement (benchmarks/proxy_overhead.py, benchmarks/proxy_stack_choice.py, README "Proxy"): the
+granian server it replaced, with its thread handoff, cost more per request than everything else in the proxy.
+This one parses with httptools (llhttp, the parser of Node.js and uvicorn), runs one task a connection in the
+proxy's own event loop, and does only what the proxy needs:
 
 * keep-alive and pipelining (a pipelined request waits for the one before it; reading pauses meanwhile);
 * the request body arrives into the request as it comes, up to a cap (reading pauses past it);
@@ -15,7 +15,7 @@ the proxy needs:
   `WRITE_HIGH_WATER`, then `ResponseStream.write` waits until it drains below `WRITE_LOW_WATER` (the upstream
   side stops reading its socket meanwhile: oomguard.proxy.pool); a client whose socket takes nothing for
   `send_timeout` is dropped;
-* a client that disconnects cancels its request's task, wherever it is.
+* a client that disconnects cancels its connection's task, wherever the request is.
 """
 
 from __future__ import annotations
@@ -65,10 +65,9 @@ def _head(status: int, headers: list[tuple[bytes, bytes]] | tuple, framing: byte
 class Request:
     """One request: its head at once, its body through `body()`, its answer through `respond` or `stream`."""
 
-    __slots__ = ("method", "path", "query", "raw_headers", "headers", "passed", "keep_alive", "http10", "disconnected",
-                 "_proto",
-                 "_chunks", "_size", "_complete", "_too_large", "_waiter", "_error", "_expect", "_started",
-                 "_finished", "task")
+    __slots__ = ("method", "path", "query", "raw_headers", "headers", "passed", "keep_alive", "http10",
+                 "disconnected", "_proto", "_chunks", "_size", "_complete", "_too_large", "_waiter", "_error",
+                 "_expect", "_started", "_finished", "task")
 
     def __init__(self, proto: _HttpProtocol, method: str, path: str, query: str,
                  raw_headers: list[tuple[bytes, bytes]], keep_alive: bool, http10: bool = False) -> None:
@@ -156,10 +155,6 @@ class Request:
             chunks = self._chunks
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         return None
-
-    @property
-    def body_complete(self) -> bool:
-        return self._complete
 
     # ----------------------------------------------------------------- the answer
     def respond(self, status: int, headers: list[tuple[bytes, bytes]] | tuple, body: bytes) -> None:

@@ -1,14 +1,15 @@
 """The proxy's upstream side: a keep-alive HTTP/1.1 connection pool per upstream, over httptools' parser.
 
-Chosen by measurement (benchmarks/proxy_overhead.py, README "Proxy"): aiohttp's client path cost about half
-the proxy's CPU per request; this pool is an asyncio Protocol per connection, the parsing done by httptools
-(llhttp, the parser Node.js and uvicorn use), and nothing a proxy does not need.
+Chosen by measurement (benchmarks/proxy_stack_choice.py, README "Proxy"): behind the same server, aiohttp's
+client cost about three times this pool's CPU per request (104 against 37 us for a bare pass-through). This pool
+is an asyncio Protocol per connection, the parsing done by httptools (llhttp, the parser of Node.js and
+uvicorn), and nothing a proxy does not need.
 
 * One pool per upstream, no cap on connections (the admission controller is the cap); idle connections are
   reused newest first and closed after `keepalive_timeout`.
-* Flow control: a response buffers at most about `HIGH_WATER` bytes that its reader has not taken; past that
-  the upstream socket stops being read (`pause_reading`), so a slow client slows the engine's socket instead
-  of growing the proxy (the server side awaits the client's socket the same way).
+* Flow control: a response buffers at most about `HIGH_WATER` bytes that its reader has not taken, or, piped
+  (`pipe`), stops as soon as its sink says it is full; either way the upstream socket stops being read
+  (`pause_reading`), so a slow client slows the engine's socket instead of growing the proxy.
 * `read_timeout` is an idle timeout: no byte from the upstream for that long, while the proxy waits for one
   (not while it holds the socket paused for a slow client), fails the response.
 
