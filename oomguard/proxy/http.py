@@ -206,14 +206,18 @@ class ResponseStream:
         proto = self._proto
         if proto.closed:
             raise ClientGone()
+        self._put(proto, data)
+        if proto.write_paused:
+            await proto.drain()
+
+    def _put(self, proto, data: bytes) -> None:
+        """Queue `data` on the client's transport, framed as a chunk when the answer is chunked."""
         if not self._chunked:
             proto.write(data)
         elif len(data) < 16384:
             proto.write(b"%x\r\n%s\r\n" % (len(data), data))
         else:
             proto.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
-        if proto.write_paused:
-            await proto.drain()
 
     def write_nowait(self, data: bytes) -> bool:
         """`write` from a callback: queues `data` at once; False when the client's socket is full (then
@@ -221,12 +225,7 @@ class ResponseStream:
         proto = self._proto
         if not data or self._req.method == "HEAD" or proto.closed:
             return not proto.closed
-        if not self._chunked:
-            proto.write(data)
-        elif len(data) < 16384:
-            proto.write(b"%x\r\n%s\r\n" % (len(data), data))
-        else:
-            proto.writelines((b"%x\r\n" % len(data), data, b"\r\n"))
+        self._put(proto, data)
         return not proto.write_paused
 
     def on_drain(self, callback: Callable[[], None] | None) -> None:
