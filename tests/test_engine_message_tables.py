@@ -162,8 +162,8 @@ SAMPLES = {
     "ollama.error_loading_model": (
         "llama_model_load: error loading model: error loading model architecture: unknown model architecture: "
         "'gemma3'", {"error": "error loading model architecture: unknown model architecture: 'gemma3'"}),
-    "ollama.unable_to_load_model": ("Error: unable to load model: /home/user/.ollama/models/blobs/sha256-abc",
-                                    {"model_path": "/home/user/.ollama/models/blobs/sha256-abc"}),
+    "ollama.unable_to_load_model": ("Error: unable to load model: ~/.ollama/models/blobs/sha256-abc",
+                                    {"model_path": "~/.ollama/models/blobs/sha256-abc"}),
     "ollama.ctx_too_large_for_model": (
         'level=WARN source=server.go:167 msg="requested context size too large for model" num_ctx=32768 '
         'n_ctx_train=8192', {"num_ctx": "32768", "n_ctx_train": "8192"}),
