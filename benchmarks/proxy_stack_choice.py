@@ -93,7 +93,20 @@ def _keep(headers) -> list[tuple[str, str]]:
     return [(k, v) for k, v in headers if k.lower() not in DROP_RESPONSE]
 
 
-class AiohttpClient:
+class _ReleasingClient:
+    """Clients whose response is read whole with read(), handed back to the pool with release(), dropped with close()."""
+
+    async def read(self, resp):
+        return await resp.read()
+
+    async def done(self, resp):
+        resp.release()
+
+    async def abort(self, resp):
+        resp.close()
+
+
+class AiohttpClient(_ReleasingClient):
     """As oomguard/proxy/client.py: one session, unbounded keep-alive pool, nothing a proxy does not need."""
 
     def __init__(self, base: str) -> None:
@@ -113,9 +126,6 @@ class AiohttpClient:
                                           data=body if body or method == "POST" else None, allow_redirects=False)
         return resp.status, _keep(resp.headers.items()), resp.content_length is not None, resp
 
-    async def read(self, resp):
-        return await resp.read()
-
     async def chunks(self, resp):
         content = resp.content
         while True:
@@ -123,12 +133,6 @@ class AiohttpClient:
             if not chunk:
                 return
             yield chunk
-
-    async def done(self, resp):
-        resp.release()
-
-    async def abort(self, resp):
-        resp.close()
 
 
 class HttpxClient:
@@ -249,7 +253,7 @@ class RnetClient:
     abort = done
 
 
-class PoolClient:
+class PoolClient(_ReleasingClient):
     """oomguard/proxy/pool.py: keep-alive connections as asyncio Protocols over httptools."""
 
     def __init__(self, base: str) -> None:
@@ -262,21 +266,12 @@ class PoolClient:
         out = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.passed]
         return resp.status, out, resp.content_length is not None, resp
 
-    async def read(self, resp):
-        return await resp.read()
-
     async def chunks(self, resp):
         while True:
             chunk = await resp.next_chunk()
             if not chunk:
                 return
             yield chunk
-
-    async def done(self, resp):
-        resp.release()
-
-    async def abort(self, resp):
-        resp.close()
 
 
 CLIENT_CLASSES = {"pool": PoolClient, "aiohttp": AiohttpClient, "httpx": HttpxClient, "curl_cffi": CurlCffiClient,

@@ -344,6 +344,14 @@ def _c_unescape(s: str) -> str:
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}.get(m.group(1), ""), s)
 
 
+def _after_quoted(src: str, i: int, n: int) -> int:
+    """The index just past the quoted text that opens at `i` (escapes respected; `n` bounds the search)."""
+    j = i + 1
+    while j < n and src[j] != src[i]:
+        j += 2 if src[j] == "\\" else 1
+    return j + 1
+
+
 def _strip_comments(src: str) -> str:
     """Blank out comments (keeping offsets and newlines) so that quoted text in them is not read."""
     out = []
@@ -351,11 +359,9 @@ def _strip_comments(src: str) -> str:
     while i < n:
         c = src[i]
         if c == '"' or c == "'":
-            j = i + 1
-            while j < n and src[j] != c:
-                j += 2 if src[j] == "\\" else 1
-            out.append(src[i:j + 1])
-            i = j + 1
+            j = _after_quoted(src, i, n)
+            out.append(src[i:j])
+            i = j
         elif src.startswith("//", i):
             j = src.find("\n", i)
             j = n if j < 0 else j
@@ -378,10 +384,7 @@ def _balanced(src: str, start: int, limit: int = 4000) -> str:
     while i < n:
         c = src[i]
         if c == '"' or c == "'":
-            j = i + 1
-            while j < n and src[j] != c:
-                j += 2 if src[j] == "\\" else 1
-            i = j + 1
+            i = _after_quoted(src, i, n)
             continue
         if c in "([{":
             depth += 1
