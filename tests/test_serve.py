@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from oomguard.errors import UsageError
+from oomguard.proxy import metric_names
 from oomguard.serve.engine import parse_engine_command
 from oomguard.serve.policy import Outcome, next_configuration
 from oomguard.serve.state import Restart, StateDir
@@ -313,6 +314,31 @@ def test_sigstopped_engine_is_detected_killed_and_restarted(serve):
     _client_until_ok(s.url, results)   # the proxy sees the relaunched engine at its next poll: 503 until then
     assert results[0][0] == 200, results
     assert s.stop() == 0
+
+
+def _gauges(url: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name in metric_names.ENGINE_GAUGES}
+
+
+def test_status_metrics_export_the_proxys_admission_gauges_for_an_endpoint_picker(serve):
+    s = serve([*SIM, "--max-num-seqs", "4"])
+    st = s.wait_for(lambda st: st["state"] == "ready", what="ready")
+    engine = st["engine_url"].removeprefix("http://")
+    deadline = time.monotonic() + 20
+    while (got := _gauges(s.status_url)).get((metric_names.ADMIT, (("engine", engine), ("model_name", "sim-model")))) \
+            != 1.0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    labels = (("engine", engine), ("model_name", "sim-model"))
+    assert got[(metric_names.ADMIT, labels)] == 1.0
+    capacity = (60 - 1) * 16    # --num-gpu-blocks 60 of 16 tokens, less V1's null block
+    assert got[(metric_names.KV_CAPACITY_TOKENS, labels)] == capacity
+    assert 0 < got[(metric_names.KV_HEADROOM_TOKENS, labels)] <= 0.90 * capacity
+    # the same names, labels and values as the proxy's own /metrics (idle: nothing moves between the reads)
+    assert _gauges(s.url) == _gauges(s.status_url)
 
 
 def test_gives_up_after_max_restarts_with_the_story(serve):

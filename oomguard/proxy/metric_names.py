@@ -18,3 +18,11 @@ KV_HEADROOM_TOKENS = "oomguard_proxy_engine_kv_headroom_tokens"
 KV_CAPACITY_TOKENS = "oomguard_proxy_engine_kv_capacity_tokens"
 
 ENGINE_GAUGES = (ADMIT, KV_HEADROOM_TOKENS, KV_CAPACITY_TOKENS)
+
+HELP = {
+    ADMIT: "1 while oomguard admits new requests to the engine; 0 while it holds them (KV usage reached the high "
+           "watermark and has not fallen below the low one, the engine queues requests itself, stale metrics, down)",
+    KV_HEADROOM_TOKENS: "KV cache tokens the engine can take before the high watermark pauses it",
+    KV_CAPACITY_TOKENS: "The engine's KV cache in tokens, as its cache_config_info states it (what admission plans "
+                        "against)",
+}

@@ -58,13 +58,8 @@ class _StateCollector(Collector):
         vLLM labels its own gauges."""
         c = self.controller
         labels = list(metric_names.ENGINE_LABELS)
-        admit = GaugeMetricFamily(metric_names.ADMIT, "1 while oomguard admits new requests to the engine; 0 while it "
-                                  "holds them (KV usage reached the high watermark and has not fallen below the low "
-                                  "one, the engine queues requests itself, stale metrics, down)", labels=labels)
-        headroom = GaugeMetricFamily(metric_names.KV_HEADROOM_TOKENS, "KV cache tokens the engine can take before "
-                                     "the high watermark pauses it", labels=labels)
-        capacity = GaugeMetricFamily(metric_names.KV_CAPACITY_TOKENS, "The engine's KV cache in tokens, as its "
-                                     "cache_config_info states it (what admission plans against)", labels=labels)
+        admit, headroom, capacity = (GaugeMetricFamily(name, metric_names.HELP[name], labels=labels)
+                                     for name in metric_names.ENGINE_GAUGES)
         for up in c.upstreams.values():
             values = [up.model_name or "", up.name]
             admit.add_metric(values, 1.0 if up.state(now, c.limits)[0] is State.OPEN else 0.0)

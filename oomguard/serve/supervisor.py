@@ -20,12 +20,15 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from oomguard.proxy import metric_names
+
 from .engine import EngineCommand
 from .policy import MEMORY_CLASSES, Adjustment, Outcome, next_configuration
 from .state import Restart, StateDir, story
 
 EXIT_STOPPED, EXIT_GAVE_UP, EXIT_USAGE = 0, 1, 2
-HEAD_LINES, TAIL_LINES = 400, 2000     # the log kept per run: its startup (figures) and its end (the error)
+HEAD_LINES, TAIL_LINES = 400, 2000
+METRICS_READ_LIMIT = 4 << 20           # the proxy's /metrics is small; a cap all the same     # the log kept per run: its startup (figures) and its end (the error)
 _KV_RAN_OUT = re.compile(r"KV cache (?:ran out|is full|exhausted)", re.IGNORECASE)
 
 
@@ -100,6 +103,7 @@ class Supervisor:
         self.started_at = time.time()
         self.run_started = 0.0
         self.oom_seen = 0
+        self.engine_gauges: dict = {}    # the proxy's per-engine admission gauges, last read
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> int:
@@ -349,14 +353,19 @@ class Supervisor:
         emit("stopped", state=self.state, restarts=len(self.restarts), requests=self.last_requests)
 
     async def _proxy_counts(self) -> tuple[dict, float]:
-        """requests {ok, rejected, failed} and the queue length, from the proxy's /metrics."""
+        """requests {ok, rejected, failed} and the queue length, from the proxy's /metrics; its per-engine admission
+        gauges are kept to export again."""
         from prometheus_client.parser import text_string_to_metric_families
         async with self.http.get(self.proxy_url + "/metrics") as resp:
-            text = await resp.text()
+            text = await resp.content.read(METRICS_READ_LIMIT)
         admitted = rejected = failed = queue = 0.0
-        for family in text_string_to_metric_families(text):
+        gauges: dict = {}
+        for family in text_string_to_metric_families(text.decode("utf-8", "replace")):
             for s in family.samples:
-                if s.name == "oomguard_proxy_admitted_total":
+                if s.name in metric_names.ENGINE_GAUGES:
+                    gauges.setdefault(s.name, []).append((tuple(s.labels.get(k, "") for k in
+                                                                metric_names.ENGINE_LABELS), s.value))
+                elif s.name == "oomguard_proxy_admitted_total":
                     admitted += s.value
                 elif s.name == "oomguard_proxy_rejected_total":
                     rejected += s.value
@@ -367,6 +376,7 @@ class Supervisor:
                         failed -= s.value
                 elif s.name == "oomguard_proxy_queue_length":
                     queue += s.value
+        self.engine_gauges = gauges
         return {"ok": int(max(0, admitted - failed)), "rejected": int(rejected), "failed": int(failed)}, queue
 
     # ------------------------------------------------------------------ GPU memory
@@ -516,6 +526,13 @@ def _registry(sup: Supervisor):
             for k, v in sup.last_requests.items():
                 reqs.add_metric([k], v)
             yield reqs
+            # the proxy's admission signals, under the same names and labels, so an Endpoint Picker reads them from
+            # serve's /metrics as from a proxy's
+            for name, samples in sup.engine_gauges.items():
+                family = GaugeMetricFamily(name, metric_names.HELP[name], labels=list(metric_names.ENGINE_LABELS))
+                for labels, value in samples:
+                    family.add_metric(list(labels), value)
+                yield family
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())
