@@ -88,7 +88,21 @@ def test_kv_exhaustion_caps_sequences_at_what_the_kv_cache_holds():
 def test_kv_too_small_lowers_max_model_len_to_the_estimate():
     out = Outcome(cause="exit", ready=False, exit_code=1, finding_class="kv_cache_too_small",
                   facts={"estimated_max_model_len": 20000, "max_model_len": 32768})
-    assert next_configuration(_vllm(max_model_len=32768), out).changes == {"max_model_len": 20000}
+    # the model's default context: cut to what vLLM estimates the KV cache holds
+    assert next_configuration(_vllm(), out).changes == {"max_model_len": 20000}
+    # already FP8, or more than half the asked-for context missing: cut as well
+    assert next_configuration(_vllm(max_model_len=32768, kv_cache_dtype="fp8"), out).changes == {"max_model_len": 20000}
+    short = Outcome(cause="exit", ready=False, exit_code=1, finding_class="kv_cache_too_small",
+                    facts={"estimated_max_model_len": 12000, "max_model_len": 32768})
+    assert next_configuration(_vllm(max_model_len=32768), short).changes == {"max_model_len": 12000}
+
+
+def test_kv_too_small_keeps_an_asked_for_context_that_an_fp8_kv_cache_holds():
+    out = Outcome(cause="exit", ready=False, exit_code=1, finding_class="kv_cache_too_small",
+                  facts={"estimated_max_model_len": 20000, "max_model_len": 32768})
+    adjusted = next_configuration(_vllm(max_model_len=32768), out)
+    assert adjusted.changes == {"kv_cache_dtype": "fp8"}
+    assert "--kv-cache-dtype" in _vllm(max_model_len=32768).with_flags(adjusted.changes).argv()
 
 
 def test_graph_oom_turns_graphs_off_then_halves_the_batch():

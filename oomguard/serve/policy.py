@@ -2,7 +2,8 @@
 
 The axis follows the diagnosis (oomguard/diagnose): a runtime OOM or a KV cache that ran out lowers the work per
 step (max_num_seqs, max_num_batched_tokens) and the share of the GPU vLLM takes; a KV cache too small for
-max_model_len lowers max_model_len to what vLLM estimates it holds; an OOM while profiling or capturing CUDA graphs
+max_model_len lowers max_model_len to what vLLM estimates it holds (or, for a context the user asked for that an
+FP8 KV cache would hold, keeps it with --kv-cache-dtype fp8); an OOM while profiling or capturing CUDA graphs
 lowers the batch and turns graphs off; llama.cpp lowers -c, then -ngl, then quantizes its KV cache. The diagnosis's
 own fixes (computed from the log's numbers) are taken first where they name a setting on that axis; the fallback
 moves below apply when it names none. A failure that is not about memory (killed, hung, an engine bug) restarts the
@@ -101,7 +102,12 @@ def _vllm(cmd: EngineCommand, outcome: Outcome, cls: str) -> Adjustment | None:
     elif cls in ("kv_cache_too_small", "context_too_long") and "max_model_len" not in changes:
         estimate = facts.get("estimated_max_model_len")
         current = flags.get("max_model_len") or facts.get("max_model_len")
-        if estimate and (not current or estimate < current):
+        if (cls == "kv_cache_too_small" and flags.get("max_model_len") and estimate and 2 * estimate >= current
+                and flags.get("kv_cache_dtype", "auto") == "auto" and "kv_cache_dtype" not in changes):
+            # the context the user asked for is kept when an FP8 KV cache (one byte per element where the model's
+            # dtype takes two) holds it; a context that was only the model's default is cut to what fits instead
+            changes["kv_cache_dtype"] = "fp8"
+        elif estimate and (not current or estimate < current):
             changes["max_model_len"] = int(estimate)
         elif current and current > 256:
             changes["max_model_len"] = int(current) // 2
