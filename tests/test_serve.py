@@ -160,7 +160,7 @@ def _env():
 
 
 class Serve:
-    def __init__(self, tmp_path: Path, engine: list[str], *options: str):
+    def __init__(self, tmp_path: Path, engine: list[str], *options: str, preexec_fn=None):
         self.port = _free_port()
         self.status_port = _free_port()
         self.err = tmp_path / "serve.err"
@@ -169,7 +169,8 @@ class Serve:
                 "--status-listen", f"127.0.0.1:{self.status_port}", "--restart-backoff", "0.1",
                 "--health-interval", "0.2", *options, "--", *engine]
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=_env(), start_new_session=True)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=err, env=_env(), start_new_session=True,
+                                         preexec_fn=preexec_fn)
         self.url = f"http://127.0.0.1:{self.port}"
         self.status_url = f"http://127.0.0.1:{self.status_port}"
 
@@ -214,8 +215,8 @@ class Serve:
 def serve(tmp_path):
     started: list[Serve] = []
 
-    def start(engine, *options):
-        s = Serve(tmp_path, engine, *options)
+    def start(engine, *options, preexec_fn=None):
+        s = Serve(tmp_path, engine, *options, preexec_fn=preexec_fn)
         started.append(s)
         return s
 
@@ -327,6 +328,37 @@ def test_sigstopped_engine_is_detected_killed_and_restarted(serve):
     results: list = []
     _client_until_ok(s.url, results)   # the proxy sees the relaunched engine at its next poll: 503 until then
     assert results[0][0] == 200, results
+    assert s.stop() == 0
+
+
+def _address_space_limit(limit_bytes: int):
+    """A memory limit for serve and its children (inherited), as a container's would be: llama-server's CPU
+    buffers fail to allocate past it as a GPU's would past its memory."""
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    return apply
+
+
+@pytest.mark.engine
+def test_llama_server_context_that_cannot_be_allocated_is_relaunched_with_one_that_fits(serve, llama_server_binary,
+                                                                                         tiny_gguf):
+    # 2M tokens of context: its KV cache and compute buffers need about 5 GiB, more than the 1.5 GiB limit;
+    # halving -c reaches a context that fits (the tiny model's KV cache is 256 bytes a token)
+    engine = [str(llama_server_binary), "-m", str(tiny_gguf), "-c", "2000000", "-t", "2", "-a", "tiny-llama"]
+    s = serve(engine, "--max-restarts", "5", preexec_fn=_address_space_limit(1536 << 20))
+    st = s.wait_for(lambda st: st["state"] == "ready", timeout=120, what="ready with a smaller context")
+    assert st["restarts"], "the first context should not have fit"
+    for r in st["restarts"]:
+        assert r["cause"] == "exit" and r["finding_class"] in ("oom_profiling_or_graph", "oom_weights_load",
+                                                               "kv_cache_too_small"), r
+        assert r["flags_after"]["ctx_size"] < r["flags_before"]["ctx_size"]
+    assert st["restarts"][0]["flags_before"]["ctx_size"] == 2_000_000
+    assert st["engine_flags"]["ctx_size"] == st["restarts"][-1]["flags_after"]["ctx_size"] < 2_000_000
+    body = json.dumps({"model": "tiny-llama", "prompt": "hello", "max_tokens": 8}).encode()
+    req = urllib.request.Request(s.url + "/v1/completions", body, {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200 and json.loads(resp.read())["choices"]
     assert s.stop() == 0
 
 
