@@ -331,6 +331,32 @@ def test_sigstopped_engine_is_detected_killed_and_restarted(serve):
     assert s.stop() == 0
 
 
+def test_a_start_is_learnt_and_the_next_plan_and_serve_of_the_setup_use_its_figures(serve, tmp_path):
+    state = tmp_path / "state"
+    engine = ["oomguard", "simulate", "Qwen/Qwen2.5-0.5B-Instruct", "--gpu", "l4", "--max-model-len", "4096",
+              "--gpu-memory-utilization", "0.8", "--speed", "50"]
+    s = serve(engine, "--state-dir", str(state))
+    s.wait_for(lambda st: st["state"] == "ready", what="ready")
+    deadline = time.monotonic() + 20
+    while not any(e["event"] == "figures_kept" for e in s.events()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kept = next(e for e in s.events() if e["event"] == "figures_kept")
+    assert kept["model"] == "Qwen/Qwen2.5-0.5B-Instruct" and kept["gpu"] == "NVIDIA L4"
+    assert kept["figures"]["weights_bytes"] > 0 and kept["figures"]["kv_cache_bytes"] > 0
+    assert s.stop() == 0
+    # the next plan of the setup, at another utilization and context, from the measured figures
+    out = subprocess.run([sys.executable, "-m", "oomguard", "plan", "Qwen/Qwen2.5-0.5B-Instruct", "--gpu", "l4",
+                          "--max-model-len", "8192", "--gpu-memory-utilization", "0.9", "--json", "--state-dir",
+                          str(state)], capture_output=True, text=True, timeout=120, env=_env())
+    plan = json.loads(out.stdout)
+    assert plan["provenance"]["weights_gib"].startswith("measured"), plan["provenance"]
+    # and the next serve's own plan
+    again = serve(engine, "--state-dir", str(state))
+    again.wait_for(lambda st: st["state"] == "ready", what="ready again")
+    (planned,) = [e for e in again.events() if e["event"] == "plan"]
+    assert "measured" in planned["note"]
+
+
 def _address_space_limit(limit_bytes: int):
     """A memory limit for serve and its children (inherited), as a container's would be: llama-server's CPU
     buffers fail to allocate past it as a GPU's would past its memory."""
@@ -438,7 +464,9 @@ def test_bad_input_is_one_line_and_exit_2(args, says):
 
 
 def test_an_engine_that_refuses_its_command_line_is_exit_2(tmp_path):
-    done = _cli("serve", "--listen", f"127.0.0.1:{_free_port()}", "--", *SIM, "--speed", "-1")
+    # both ports free (the status port's default, --listen's + 1, may be another test's)
+    done = _cli("serve", "--listen", f"127.0.0.1:{_free_port()}", "--status-listen", f"127.0.0.1:{_free_port()}",
+                "--", *SIM, "--speed", "-1")
     assert done.returncode == 2, done.stderr
     assert "the engine refused its command line" in done.stderr and "--speed" in done.stderr
 

@@ -68,15 +68,29 @@ def resolve_model(model: str | ModelSpec | None, model_config: str | None = None
 def predict(model: str | ModelSpec | None, gpu: str | GpuSpec | None = None, *, gpu_count: int = 1,
             vllm_version: str | None = None, flags: dict | None = None, model_config: str | None = None,
             gpu_memory_gib: float | None = None, free_memory_gib: float | None = None,
-            engine: str | None = None, interconnect: str | None = None) -> MemoryReport:
-    """Predict vLLM's startup memory for a model on `gpu_count` GPUs of one kind."""
+            engine: str | None = None, interconnect: str | None = None,
+            state_dir: str | None = None) -> MemoryReport:
+    """Predict vLLM's startup memory for a model on `gpu_count` GPUs of one kind; with figures an earlier start of
+    the same setup printed in the state directory (plan/measured.py), from those."""
     if gpu_count < 1:
         raise UsageError("--gpu-count must be at least 1")
     version = parse_version(vllm_version) if vllm_version else NEWEST
     spec = resolve_model(model, model_config)
     gpu_spec = resolve_gpu(gpu, gpu_memory_gib, interconnect)
-    return _predict(spec, gpu_spec, engine_config(flags), version, gpu_count=gpu_count, engine=engine,
-                    free_memory_bytes=free_memory_bytes(gpu_spec, free_memory_gib))
+    cfg, free = engine_config(flags), free_memory_bytes(gpu_spec, free_memory_gib)
+    report = _predict(spec, gpu_spec, cfg, version, gpu_count=gpu_count, engine=engine, free_memory_bytes=free)
+    figures = measured_figures(report, state_dir)
+    if figures is None:
+        return report
+    return _predict(spec, gpu_spec, cfg, version, gpu_count=gpu_count, engine=engine, free_memory_bytes=free,
+                    measured=figures)
+
+
+def measured_figures(report: MemoryReport, state_dir: str | None):
+    """What an earlier start of the report's setup measured, from the state directory (None: none kept)."""
+    from oomguard.plan.measured import MeasuredStore, key_of, state_dir as chosen_dir
+    directory = chosen_dir(state_dir)
+    return MeasuredStore(directory).get(key_of(report)) if directory else None
 
 
 def free_memory_bytes(gpu: GpuSpec, free_gib: float | None) -> int | None:

@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--llm-class", action="store_true",
                         help="model the LLM(...) Python class instead of `vllm serve` (different batch defaults)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--state-dir", metavar="DIR",
+                        help="oomguard serve's state directory (default $OOMGUARD_STATE_DIR): where it kept what an "
+                             "earlier start of the same setup measured, used in place of the estimates")
     group = parser.add_argument_group("recommend a configuration for a workload (searched, every candidate planned)")
     group.add_argument("--p99-tokens", type=_count, metavar="N",
                        help="prompt + output tokens of your 99th-percentile request")
@@ -84,7 +87,7 @@ def _count(text: str) -> int:
 # oomguard's own options a user may type after a pasted command (`... -- vllm serve M --gpu h100`)
 _OWN_OPTIONS = {"--gpu": str, "--gpu-memory": float, "--gpu-count": int, "--free-memory": float,
                 "--vllm-version": str, "--model-config": str, "--json": None, "--llm-class": None,
-                "--nodes": int, "--gpus-per-node": int}
+                "--nodes": int, "--gpus-per-node": int, "--state-dir": str}
 
 
 def _lift_own_options(words: list[str], args: argparse.Namespace) -> list[str]:
@@ -185,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
             "data_parallel_size", 1)
         gpu_count = args.gpu_count or world
         report = predict(model, gpu, gpu_count=gpu_count, vllm_version=args.vllm_version, flags=flags,
-                         free_memory_gib=args.free_memory)
+                         free_memory_gib=args.free_memory, state_dir=args.state_dir)
     nearest = None
     if report.verdict == "fails":
         from oomguard.engines.vllm.versions import parse_version

@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--status", metavar="URL", help="print the state of a running serve (its status address), then exit")
     p.add_argument("--json", action="store_true", help="with --status: JSON instead of text")
     p.add_argument("--state-dir", metavar="DIR",
-                   help="remember restarts and the last configuration that started here; start from it next time")
+                   help="remember restarts, the last configuration that started and what each start measured here "
+                        "(default $OOMGUARD_STATE_DIR); start and plan from them next time")
     p.add_argument("--max-restarts", type=int, default=5, metavar="N", help="give up after N restarts (default 5)")
     p.add_argument("--gpu", metavar="NAME", help="the GPU for planning (default: NVML's, or the command's --gpu)")
     p.add_argument("--vllm-version", metavar="X.Y.Z", help="the vLLM version to plan for (default: newest modelled)")
@@ -105,16 +106,19 @@ def run(args: argparse.Namespace) -> int:
     engine = parse_engine_command(words)
     gpu = args.gpu or _command_gpu(engine)
 
+    from oomguard.plan.measured import state_dir as chosen_state_dir
     from .supervisor import ServeConfig, Supervisor, emit
-    if args.state_dir:
+    chosen = chosen_state_dir(args.state_dir)
+    state_dir = str(chosen) if chosen else None
+    if state_dir:
         from .state import StateDir
-        remembered = StateDir(args.state_dir).last_good(engine.key())
+        remembered = StateDir(state_dir).last_good(engine.key())
         if remembered is not None and remembered != engine.flags:
-            emit("remembered_configuration", flags=remembered, state_dir=args.state_dir)
+            emit("remembered_configuration", flags=remembered, state_dir=state_dir)
             engine = type(engine)(**{**engine.__dict__, "flags": remembered})
     if not args.no_plan and engine.is_vllm_like:
         from .plancheck import check
-        verdict = check(engine, gpu, args.vllm_version)
+        verdict = check(engine, gpu, args.vllm_version, state_dir)
         if verdict.verdict == "fails":
             raise UsageError(verdict.note)
         if verdict.verdict == "adjusted":
@@ -127,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if shutil.which(program) is None:
         raise UsageError(f"cannot run the engine {program!r}: not found (or not executable)")
     proxy_args = ["--queue-timeout", str(args.queue_timeout), *args.proxy_arg]
-    config = ServeConfig(engine=engine, listen=listen, status_listen=status_listen, state_dir=args.state_dir,
+    config = ServeConfig(engine=engine, listen=listen, status_listen=status_listen, state_dir=state_dir,
                          max_restarts=args.max_restarts, restart_backoff=args.restart_backoff,
                          ready_timeout=args.ready_timeout, hang_timeout=args.hang_timeout, gpu_poll=args.gpu_poll,
                          alert_at=args.alert_at, on_alert=args.on_alert, health_interval=args.health_interval,

@@ -29,6 +29,11 @@ LLAMA_FLAGS: dict[str, tuple[str, ...]] = {
 }
 _LLAMA_INT = {"ctx_size", "n_gpu_layers", "ubatch_size", "batch_size"}
 _ADDRESS = {"--host": "host", "--port": "port"}
+# `oomguard simulate`'s own options (simulate/command.py), kept verbatim: vLLM's flag parser would read `--gpu` as an
+# abbreviation of its --gpu-memory-utilization
+_SIMULATE_OWN = {"--gpu": True, "--gpu-count": True, "--model-config": True, "--vllm-version": True,
+                 "--num-gpu-blocks": True, "--num-gpu-blocks-override": True, "--speed": True,
+                 "--crash-on-kv-exhaustion": False}
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,9 @@ def _without_address(words: list[str]) -> list[str]:
 def _parse_vllm(words: list[str], kind: str, launcher: tuple[str, ...], model_as_flag: bool) -> EngineCommand:
     from oomguard.engines.vllm.flags import parse_vllm_command
     words = _without_address(words)
+    own: list[str] = []
+    if kind == "simulate":
+        words, own = _apart(words, _SIMULATE_OWN)
     if not model_as_flag and (not words or words[0].startswith("-")):
         raise UsageError(f"the engine command names no model: `{' '.join(launcher[-2:])} MODEL ...`")
     try:
@@ -132,7 +140,24 @@ def _parse_vllm(words: list[str], kind: str, launcher: tuple[str, ...], model_as
     extra = list(parsed.extra)
     if not model_as_flag and extra[:1] == [parsed.model]:
         extra = extra[1:]
-    return EngineCommand(kind, launcher, parsed.model, dict(parsed.flags), tuple(extra), model_as_flag)
+    return EngineCommand(kind, launcher, parsed.model, dict(parsed.flags), tuple(extra + own), model_as_flag)
+
+
+def _apart(words: list[str], options: dict[str, bool]) -> tuple[list[str], list[str]]:
+    """The words without `options` (name -> takes a value), and those options with their values."""
+    rest: list[str] = []
+    taken: list[str] = []
+    i = 0
+    while i < len(words):
+        name, eq, _ = words[i].partition("=")
+        if name in options:
+            takes = options[name] and not eq
+            taken += words[i:i + 1 + takes]
+            i += 1 + takes
+            continue
+        rest.append(words[i])
+        i += 1
+    return rest, taken
 
 
 def _parse_llama(words: list[str]) -> EngineCommand:

@@ -103,7 +103,8 @@ class Supervisor:
         self.started_at = time.time()
         self.run_started = 0.0
         self.oom_seen = 0
-        self.engine_gauges: dict = {}    # the proxy's per-engine admission gauges, last read
+        self.engine_gauges: dict = {}
+        self.run_head: list[str] = []    # the proxy's per-engine admission gauges, last read
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> int:
@@ -176,7 +177,7 @@ class Supervisor:
         from .plancheck import check
         try:
             verdict = check(self.engine.with_flags(adjustment.changes), self.config.planner_gpu,
-                            self.config.vllm_version)
+                            self.config.vllm_version, self.config.state_dir)
         except (UsageError, ValueError) as exc:
             emit("plan_skipped", reason=str(exc)[:300])
             return adjustment
@@ -220,6 +221,7 @@ class Supervisor:
                 raise UsageError(f"cannot run the engine {argv[0]!r}: {exc.strerror or exc}") from None
             return Outcome(cause="exit", ready=False, exit_code=127, summary=str(exc)), ""
         head: list[str] = []
+        self.run_head = head     # the startup lines: what the engine says about its memory is read from them
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         reader = asyncio.create_task(self._read_output(self.proc, head, tail))
         outcome = await self._watch(self.proc)
@@ -308,6 +310,19 @@ class Supervisor:
         self._save(dict(self.engine.flags))
         emit("engine_ready", seconds_to_ready=round(seconds, 2), flags=self.engine.flags,
              url=f"http://127.0.0.1:{self.engine_port}")
+        self._learn()
+
+    def _learn(self) -> None:
+        """Keep what this start printed about its memory for the next plan of the same setup (serve/learn.py)."""
+        if self.config.state_dir is None or not self.engine.is_vllm_like:
+            return
+        from .learn import learn
+        try:
+            event, fields = learn(self.engine, "\n".join(self.run_head), self.config.planner_gpu,
+                                  self.config.vllm_version, self.config.state_dir)
+        except Exception as exc:   # a log or a state directory we cannot use must not stop serving
+            event, fields = "figures_not_kept", {"reason": repr(exc)[:200]}
+        emit(event, **fields)
 
     async def _kill(self, proc) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -20,6 +20,7 @@ from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSp
                                       kv_cache_tokens, max_concurrency, num_blocks)
 from oomguard.engines.vllm import lora as lora_slots
 from oomguard.engines.vllm.lora import LoraConfig
+from oomguard.engines.vllm.measured import REPEAT_GIB, MeasuredFigures, WorkerFigures
 from oomguard.engines.vllm.multimodal import MultimodalConfig, encoder_profile
 from oomguard.engines.vllm.offload import OffloadConfig, host_memory
 from oomguard.engines.vllm import speculative as spec_decode
@@ -196,6 +197,19 @@ class MemoryReport:
                          for k, v in asdict(x).items()} for x in self.workers],
         }
         return out
+
+
+def _requested(total: int, util: float, rel: VllmRelease) -> int:
+    """The memory vLLM requests: total x gpu_memory_utilization (v1/worker/gpu_worker.py
+    determine_available_memory; worker/worker.py in V0), rounded as the release rounds it."""
+    return math.ceil(total * util) if rel.requested_rounds_up else int(total * util)
+
+
+def _estimate_margin(figures: tuple[str, ...], measured: frozenset[str]) -> int:
+    """What the figures may be off by, in bytes: the fitted ones' 90th-percentile residual, the measured ones' repeat
+    allowance (once)."""
+    fitted = sum(profile.ESTIMATE_P90_GIB[k] for k in figures if k not in measured)
+    return int((fitted + (REPEAT_GIB if measured & set(figures) else 0.0)) * GiB)
 
 
 def _gib(n: float) -> float:
@@ -415,8 +429,10 @@ def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
 
 def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version, gpu_count: int = 1,
             engine: str | None = None, free_memory_bytes: int | None = None,
-            coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS) -> MemoryReport:
-    """What vLLM `version` does with the memory of each GPU at startup, and whether it starts."""
+            coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS,
+            measured: MeasuredFigures | None = None) -> MemoryReport:
+    """What vLLM `version` does with the memory of each GPU at startup, and whether it starts. `measured`: what a
+    start of the same setup printed (engines/vllm/measured.py), used in place of the estimates."""
     validate(model, cfg, gpu_count)
     rel = release(version)
     model = served_spec(model, version)   # what this release builds of the checkpoint (Gemma 3n's towers)
@@ -465,7 +481,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     if util is None:
         util = rel.gpu_memory_utilization
         notes.append(f"gpu_memory_utilization={util} (vLLM {fmt(version)} default)")
-    requested = math.ceil(total * util) if rel.requested_rounds_up else int(total * util)
+    requested = _requested(total, util, rel)
 
     # the official build's kernels stop it whatever the flags: reported before any check the flags could fix
     error, error_class = (unsupported, FailureClass.DTYPE_CAPABILITY) if unsupported else (None, None)
@@ -554,6 +570,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
 
     workers: list[WorkerMemory] = []
     layouts: list[KvLayout] = []
+    measured_names: frozenset[str] = frozenset()
+    if measured is not None and pp > 1:
+        notes.append("the measured figures of an earlier start are rank 0's, one pipeline stage's: not used for "
+                     f"{pp} stages")
     for stage in range(pp):
         layers = par.stage_layers(model.num_layers, stage)
         weights = stage_weight_bytes(model_q, par, stage, act_bytes, gpu.compute_capability, version, tokens,
@@ -583,6 +603,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
         graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
                                                             tp, graph_shape)
+        if measured is not None and pp == 1:
+            then = _requested(total, measured.gpu_memory_utilization, rel) if measured.gpu_memory_utilization else None
+            figures, measured_names = measured.applied(
+                WorkerFigures(weights, activation, non_torch, graphs, graphs_estimate), then, in_budget)
+            weights, activation, non_torch = figures.weights, figures.activation_peak, figures.non_torch
+            graphs, graphs_estimate = figures.cuda_graph, figures.cuda_graph_estimate
         if kv_given:
             available = cfg.kv_cache_memory_bytes
         else:
@@ -649,7 +675,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                   gpu.multiprocessors), rejection)
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
-    warmup_margin = sum(profile.ESTIMATE_P90_GIB[k] for k in ("activation_peak", "non_torch", "cuda_graph")) * GiB
+    warmup_margin = _estimate_margin(("activation_peak", "non_torch", "cuda_graph"), measured_names)
     platform = profile.UNCALIBRATED_PLATFORM_GIB * GiB if gpu.vendor != "nvidia" else 0
     warmup_margin += platform
     if platform:
@@ -687,11 +713,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
 
     # The range of the available KV memory: the fitted figures' residuals, and in releases that use FlashInfer's
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
-    margin = 0 if kv_given else (profile.ESTIMATE_P90_GIB["activation_peak"] + profile.ESTIMATE_P90_GIB["non_torch"]
-        + (profile.ESTIMATE_P90_GIB["cuda_graph_estimate"] if in_budget and not cfg.enforce_eager else 0.0)) * GiB \
-        + platform
+    margin = 0 if kv_given else _estimate_margin(
+        ("activation_peak", "non_torch") + (("cuda_graph_estimate",) if in_budget and not cfg.enforce_eager else ()),
+        measured_names) + platform
     kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
-    if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1:
+    if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1 and \
+            "activation_peak" not in measured_names:   # a measured peak already used the sampler that is installed
         with_flashinfer = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp,
                                                         pp, True, act_bytes, version, gpu.multiprocessors,
                                                         coefficients, engine, flashinfer=True)
@@ -736,6 +763,16 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                              "encoder's own activations estimated from its shapes",
         "host_memory_gib": "exact arithmetic from --swap-space / --kv-offloading-size / the connector's settings",
     }
+    if measured_names:
+        said = f"measured (a start of this setup, {measured.measured_at or 'undated'})"
+        derived = "activation_peak" in measured_names and measured.activation_peak_bytes is None
+        for name in measured_names & {"weights", "activation_peak", "non_torch", "cuda_graph"}:
+            provenance[f"{name}_gib"] = said + ("; what its KV budget left, split as estimated"
+                                                if derived and name in ("activation_peak", "non_torch") else "")
+        provenance["kv_cache_range_gib"] = (f"{REPEAT_GIB} GiB for the measured figures (identical starts repeat "
+                                            "them) and the fitted figures' residuals for the rest")
+        notes.append(f"figures measured on an earlier start of this setup ({measured.measured_at or 'undated'}) "
+                     f"replace the estimates: {', '.join(sorted(measured_names))}")
     resolved = {
         "tensor_parallel_size": tp, "pipeline_parallel_size": pp, "data_parallel_size": cfg.data_parallel_size,
         "gpu_memory_utilization": util, "max_model_len": max_len, "max_num_seqs": seqs,
