@@ -136,3 +136,13 @@ def test_plan_reads_the_state_directory_given_or_named_by_the_environment(tmp_pa
     assert plain["provenance"]["weights_gib"].startswith("exact")
     assert given["provenance"]["weights_gib"].startswith("measured") and given == from_env
     assert abs(given["kv_cache_gib"] - record["kv_cache_memory_gib"]) < 0.02
+
+
+def test_the_repeat_allowance_covers_repeated_starts_on_nvidia_gpus_and_rocm_keeps_its_wide_range():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import measured_repeat
+    rows = measured_repeat.pairs(measured_repeat.planned(measured_repeat.load_records(sorted(LOGS.glob("*.jsonl")))))
+    nvidia = [r for r in rows if r["gpu"].startswith("NVIDIA")]
+    assert len(nvidia) >= 20
+    assert max(abs(r["measured_error_gib"]) for r in nvidia) <= REPEAT_GIB
+    assert all(r["within_range"] for r in rows)   # ROCm's starts vary by 2 GiB: its platform margin stays
