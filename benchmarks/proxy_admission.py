@@ -9,6 +9,13 @@ its /metrics before and after each phase, so the proxy's figures cannot flatter 
 Targets (issue 17): 0 preemptions through the proxy; requests completed through the proxy at least 90% of direct's.
 Also reported: TTFT p99 of the requests that were admitted, and end-to-end p99 as the client saw it.
 
+And the bound any admission without preemptions has here, in the same run: the simulator's own scheduler
+(oomguard/simulate/scheduler.py) and step times, offline, driven directly and behind an exact gate that admits a
+request only when the engine's block count can never exceed its cache over the requests' whole future (exact
+prompt tokens, no margin). Preempted requests are recomputed, which costs about one memory-bound step here, so
+direct runs more requests at once than any preemption-free schedule can: the gate's share of direct's completions is
+the most the proxy could reach.
+
 Usage: python benchmarks/proxy_admission.py [--seconds 20] [--concurrency 8] [--json out.json]
 """
 
@@ -28,6 +35,12 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# the engine and the load: 40 blocks of 16 tokens (39 usable) hold three requests of 100 + 100 tokens (13 blocks
+# each), while --max-num-seqs lets eight run
+MODEL, GPU, BLOCKS, MAX_MODEL_LEN, MAX_NUM_SEQS, SPEED = "meta-llama/Llama-3.1-8B-Instruct", "l4", 40, 512, 8, 20
+PROMPT_TOKENS, OUTPUT_TOKENS = 100, 100
 
 
 def free_port() -> int:
@@ -69,7 +82,8 @@ def counters(engine_url: str) -> dict[str, float]:
 
 def load(url: str, seconds: float, concurrency: int, out: Path) -> dict:
     subprocess.run([sys.executable, "-m", "oomguard", "loadtest", url, "--concurrency", str(concurrency),
-                    "--duration", f"{seconds}s", "--prompt-tokens", "100", "--output-tokens", "100",
+                    "--duration", f"{seconds}s", "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens",
+                    str(OUTPUT_TOKENS),
                     "--progress", "off", "--json", str(out), "--no-gpu"], cwd=ROOT, capture_output=True, timeout=600)
     return json.loads(out.read_text())["stages"][0]
 
@@ -84,6 +98,53 @@ def phase(name: str, target: str, engine: str, seconds: float, concurrency: int,
             "ttft_p99_s": lat["ttft_s"]["p99"], "e2e_p99_with_unfinished_s": lat["e2e_with_unfinished_s"]["p99"]}
 
 
+def zero_preemption_bound(seconds: float, concurrency: int) -> dict:
+    """Completions offline, direct and behind the exact no-preemption gate, with the benchmark's engine and load."""
+    sys.path.insert(0, str(ROOT))
+    from oomguard.simulate.plan import plan_simulation
+    from oomguard.simulate.scheduler import Scheduler, SchedulerConfig, SimRequest
+    from oomguard.simulate.timing import Roofline
+
+    plan = plan_simulation(MODEL, GPU, flags={"max_model_len": MAX_MODEL_LEN, "max_num_seqs": MAX_NUM_SEQS},
+                           num_gpu_blocks=BLOCKS)
+    roofline = Roofline(plan.flops_per_token, plan.weights_bytes, plan.kv_bytes_per_token, plan.peak_flops,
+                        plan.bandwidth, SPEED)
+    usable = plan.num_gpu_blocks - 1
+
+    def fits_forever(inside: list, new) -> bool:
+        # (tokens held, tokens still to generate) of each request; step k from now each holds held + k + 1
+        reqs = [(r.num_tokens, r.max_tokens - r.num_output_tokens) for r in inside] + [(new.prompt_len,
+                                                                                        new.max_tokens)]
+        return all(sum(-(-(held + k + 1) // plan.block_size) for held, left in reqs if k < left) <= usable
+                   for k in range(max(left for _, left in reqs)))
+
+    def run(gated: bool) -> tuple[int, int]:
+        engine = Scheduler(SchedulerConfig(plan.num_gpu_blocks, plan.block_size, MAX_MODEL_LEN, MAX_NUM_SEQS,
+                                           plan.max_num_batched_tokens))
+        made = iter(range(1 << 30))
+        held = [SimRequest(f"r{next(made)}", PROMPT_TOKENS, OUTPUT_TOKENS) for _ in range(concurrency)]
+        inside: dict[str, SimRequest] = {}
+        clock, completed = 0.0, 0
+        while clock < seconds:
+            while held and (not gated or fits_forever(list(inside.values()), held[0])):
+                request = held.pop(0)
+                inside[request.request_id] = request
+                engine.add_request(request)
+            output = engine.schedule()
+            clock += roofline.step_seconds(output)
+            for event in engine.update(output):
+                if event.finish_reason:
+                    completed += 1
+                    inside.pop(event.request_id)
+                    held.append(SimRequest(f"r{next(made)}", PROMPT_TOKENS, OUTPUT_TOKENS))
+        return completed, engine.num_preemptions_total
+
+    (direct, preempted), (gate, gate_preempted) = run(False), run(True)
+    assert gate_preempted == 0
+    return {"direct_completed": direct, "direct_preemptions": preempted, "gate_completed": gate,
+            "gate_vs_direct": round(gate / max(1, direct), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -93,10 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     sim_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{sim_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
-    # 40 blocks of 16 tokens (39 usable): three requests of 100 + 100 tokens (13 blocks each) fit, eight may run
-    sim = start(["simulate", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "l4", "--num-gpu-blocks", "40",
-                 "--max-model-len", "512", "--max-num-seqs", "8", "--speed", "20", "--port", str(sim_port)],
-                engine + "/health")
+    sim = start(["simulate", MODEL, "--gpu", GPU, "--num-gpu-blocks", str(BLOCKS), "--max-model-len",
+                 str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS), "--speed", str(SPEED), "--port",
+                 str(sim_port)], engine + "/health")
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -113,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     verdict = {"zero_preemptions": proxied["preemptions"] == 0,
                "completed_vs_direct": round(proxied["completed"] / max(1, direct["completed"]), 3)}
     verdict["met"] = verdict["zero_preemptions"] and verdict["completed_vs_direct"] >= 0.9
+    bound = zero_preemption_bound(args.seconds, args.concurrency)
+    verdict["no_preemption_bound_vs_direct"] = bound["gate_vs_direct"]
     print(f"{'target':<16} {'completed':>9} {'errors':>6} {'preemptions':>11} {'TTFT p99 s':>10} {'E2E p99 s*':>10}")
     for r in rows:
         print(f"{r['target']:<16} {r['completed']:>9} {r['errors']:>6} {r['preemptions']:>11.0f} "
@@ -121,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{verdict['completed_vs_direct']:.0%} of the requests completed, "
           f"{proxied['preemptions']:g} preemptions "
           f"(targets: 0, >= 90%): {'met' if verdict['met'] else 'NOT met'}")
+    print(f"bound, offline on the simulator's scheduler: an exact gate that never lets the engine preempt completes "
+          f"{bound['gate_completed']} where direct completes {bound['direct_completed']} "
+          f"({bound['direct_preemptions']} preemptions): {bound['gate_vs_direct']:.0%}, the most any admission "
+          "without preemptions reaches on this engine and load")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "verdict": verdict}, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "verdict": verdict, "bound": bound}, indent=2))
     return 0
 
 
