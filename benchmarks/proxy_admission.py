@@ -145,11 +145,47 @@ def zero_preemption_bound(seconds: float, concurrency: int) -> dict:
             "gate_vs_direct": round(gate / max(1, direct), 3)}
 
 
+def best_periodic_schedule(max_starts: int = 4, block_size: int = 16) -> tuple[float, int, tuple[int, ...]]:
+    """The most requests running at once on average over periodic start schedules (up to `max_starts` starts a
+    period) that never need more blocks than the cache: (requests at once, period in steps, start offsets).
+    A request holds cdiv(prompt + age + 1, block size) blocks at each of its OUTPUT_TOKENS steps."""
+    import itertools
+    life, usable = OUTPUT_TOKENS, BLOCKS - 1
+    need = [-(-(PROMPT_TOKENS + age + 1) // block_size) for age in range(life)]
+
+    def fits(period: int, offsets: tuple[int, ...]) -> bool:
+        for t in range(period):
+            total = 0
+            for o in offsets:
+                age = (t - o) % period
+                while age < life:
+                    total += need[age]
+                    age += period
+            if total > usable:
+                return False
+        return True
+
+    best = (0.0, 0, ())
+    for k in range(1, max_starts + 1):
+        # periods from the densest the fluid bound (usable blocks / mean blocks a request) allows, until one fits
+        densest = max(1, int(life * k * sum(need) / life / usable))
+        for period in range(densest, life * k + 1):
+            if life * k / period <= best[0]:
+                break
+            hit = next((o for o in itertools.combinations(range(1, period), k - 1) if fits(period, (0, *o))), None)
+            if hit is not None:
+                best = (life * k / period, period, (0, *hit))
+                break
+    return best
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--search-schedules", action="store_true",
+                        help="also search periodic start schedules for the densest preemption-free one (minutes)")
     args = parser.parse_args(argv)
     sim_port, proxy_port = free_port(), free_port()
     engine = f"http://127.0.0.1:{sim_port}"
@@ -187,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{bound['gate_completed']} where direct completes {bound['direct_completed']} "
           f"({bound['direct_preemptions']} preemptions): {bound['gate_vs_direct']:.0%}, the most any admission "
           "without preemptions reaches on this engine and load")
+    if args.search_schedules:
+        running, period, offsets = best_periodic_schedule()
+        bound["best_periodic_schedule"] = {"requests_at_once": round(running, 3), "period_steps": period,
+                                           "offsets": offsets}
+        print(f"densest periodic preemption-free schedule (up to 4 starts a period): {running:.2f} requests at once "
+              f"(period {period} steps, starts at {offsets})")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "verdict": verdict, "bound": bound}, indent=2))
     return 0
