@@ -35,6 +35,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
+from oomguard.cache import cache_root
+
 # Newest llama-cpp-python whose vendored llama.cpp builds here (checked: 0.3.36, llama.cpp ggml 0.25.3).
 PINNED_VERSION = "0.3.36"
 SERVER_TARGET = "llama-server"
@@ -67,10 +69,6 @@ Progress = Callable[[str], None]
 
 class BuildError(RuntimeError):
     """llama-server could not be built; the message says why and where the log is."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OOMGUARD_CACHE") or Path.home() / ".cache" / "oomguard").expanduser()
 
 
 def install_dir(version: str = PINNED_VERSION) -> Path:
