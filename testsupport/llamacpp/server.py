@@ -1,4 +1,4 @@
-"""Start and stop a real `llama-server` process (for tests and local what-if runs).
+"""Start and stop a real `llama-server` process (for the tests and benchmarks).
 
     with LlamaServer(binary, model, ctx_size=2048, parallel=2) as server:
         urllib.request.urlopen(server.url + "/v1/models")
