@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from testsupport.llamacpp import build
-from testsupport.llamacpp.server import LlamaServer, LlamaServerError, free_port
+from testsupport import free_port
+from testsupport.llamacpp.server import LlamaServer, LlamaServerError
 from oomguard.metrics import parse_metrics
 
 
