@@ -8,7 +8,7 @@ Measures, in one run, on this machine:
      TTFT and ITL are from the truth (the generator's own error) and the client's CPU use;
   3. the same loads from plain peers in the same run: a minimal aiohttp loop and a minimal httpx loop (httpx
      from a throwaway venv: --peer-python VENV/bin/python), as ratios.
-The upstream (`python -m oomguard.loadtest.upstream`, raw asyncio) is pinned to one core and the client to
+The upstream (`python -m testsupport.upstream`, raw asyncio) is pinned to one core and the client to
 the other, so that the two do not fight for a core. Targets on 2 cores: >= 2,000 non-streamed req/s and >= 500
 concurrent streams.
 
@@ -95,7 +95,8 @@ def _pin(core: int):
 
 class Upstream:
     def __init__(self, *args: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "oomguard.loadtest.upstream", "--port", "0", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "testsupport.upstream", "--port", "0", "--model",
+                                      "tiny-upstream", *args],
                                      stdout=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_pin(1))
         line = self.proc.stdout.readline()
         if "listening on" not in line:

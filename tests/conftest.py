@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def llama_server_binary() -> Path:
-    from oomguard.engines.llamacpp.build import BuildError, ensure_llama_server
+    from testsupport.llamacpp.build import BuildError, ensure_llama_server
 
     try:
         return ensure_llama_server()
@@ -57,14 +57,14 @@ def llama_server_binary() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_gguf(llama_server_binary, tmp_path_factory) -> Path:
-    from oomguard.engines.llamacpp.build import vocab_path
-    from oomguard.engines.llamacpp.tinymodel import ensure_tiny_gguf
+    from testsupport.llamacpp.build import vocab_path
+    from testsupport.llamacpp.tinymodel import ensure_tiny_gguf
 
     return ensure_tiny_gguf(vocab_path(), tmp_path_factory.mktemp("tiny-model"))
 
 
 def _factory(binary: Path, model: Path, log_dir: Path, servers: list):
-    from oomguard.engines.llamacpp.server import LlamaServer, LlamaServerError
+    from testsupport.llamacpp.server import LlamaServer, LlamaServerError
 
     def start(ctx_size: int = 2048, parallel: int = 1, extra_args=(), threads: int | None = 2, **kwargs):
         kwargs.setdefault("alias", TINY_MODEL_NAME)
@@ -137,7 +137,7 @@ def vllm_simulator_module(tmp_path_factory):
 def llama_fit_tools() -> dict:
     """{"llama-fit-params": Path, "ggml-rpc-server": Path, "llama-quantize": Path}, built with llama-server's
     cache (one extra build the first time on a cache made before these tools were added)."""
-    from oomguard.engines.llamacpp.build import BuildError, ensure_fit_tools
+    from testsupport.llamacpp.build import BuildError, ensure_fit_tools
 
     try:
         return ensure_fit_tools()
@@ -152,7 +152,7 @@ SMALL_GGUF_CONFIG = dict(n_layer=12, n_embd=256, n_head=4, n_head_kv=2, n_ff=768
 def small_gguf(llama_fit_tools, tmp_path_factory) -> Path:
     """A small real F16 llama GGUF (12 layers, hidden 256, FFN 768, 4 heads / 2 KV heads, 32,000-token vocab,
     random weights, about 51 MB) with row lengths that every K-quant accepts."""
-    from oomguard.engines.llamacpp.build import vocab_path
-    from oomguard.engines.llamacpp.tinymodel import TinyConfig, ensure_tiny_gguf
+    from testsupport.llamacpp.build import vocab_path
+    from testsupport.llamacpp.tinymodel import TinyConfig, ensure_tiny_gguf
 
     return ensure_tiny_gguf(vocab_path(), tmp_path_factory.mktemp("small-model"), TinyConfig(**SMALL_GGUF_CONFIG))

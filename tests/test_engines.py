@@ -11,8 +11,9 @@ import urllib.request
 
 import pytest
 
-from oomguard.engines.llamacpp import build
-from oomguard.engines.llamacpp.server import LlamaServer, LlamaServerError, free_port
+from testsupport.llamacpp import build
+from testsupport import free_port
+from testsupport.llamacpp.server import LlamaServer, LlamaServerError
 from oomguard.metrics import parse_metrics
 
 
@@ -108,7 +109,7 @@ def test_free_port_is_bindable():
 def test_tiny_model_is_small_deterministic_and_llama(tiny_gguf, tmp_path):
     from gguf import GGUFReader
 
-    from oomguard.engines.llamacpp.tinymodel import write_tiny_gguf
+    from testsupport.llamacpp.tinymodel import write_tiny_gguf
 
     assert 2_000_000 < tiny_gguf.stat().st_size < 16_000_000
     again = write_tiny_gguf(tmp_path / "again.gguf", build.vocab_path())

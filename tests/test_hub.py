@@ -1,6 +1,6 @@
 """`oomguard plan` on ids the catalog lacks, through huggingface_hub against a local stand-in for the hub.
 
-The stand-in (tests/hub_server.py) serves real config.json files from the catalog; huggingface_hub finds it through
+The stand-in (testsupport/hub.py) serves real config.json files from the catalog; huggingface_hub finds it through
 HF_ENDPOINT, as it would a mirror. Each test runs the CLI in a subprocess, as a user would.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.hub_server import HubStandIn, safetensors_header_file
+from testsupport.hub import HubStandIn, safetensors_header_file
 
 pytest.importorskip("huggingface_hub")
 

@@ -1,4 +1,4 @@
-"""oomguard loadtest against a trivial local upstream (oomguard.loadtest.upstream, started on 127.0.0.1)."""
+"""oomguard loadtest against a trivial local upstream (testsupport.upstream, started on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def upstream():
     procs = []
 
     def start(*args: str) -> str:
-        proc = subprocess.Popen([sys.executable, "-m", "oomguard.loadtest.upstream", "--port", "0", *args],
+        proc = subprocess.Popen([sys.executable, "-m", "testsupport.upstream", "--port", "0",
+                                 "--model", "tiny-upstream", *args],
                                 stdout=subprocess.PIPE, text=True, cwd=ROOT)
         procs.append(proc)
         line = proc.stdout.readline()

@@ -19,7 +19,8 @@ from oomguard.proxy.admission import Limits
 from oomguard.proxy.command import running_proxy
 from oomguard.proxy.server import ProxyConfig
 from oomguard.proxy.upstreams import parse_upstream
-from test_proxy_fakes import FakeEngine, free_port, wait_until
+from testsupport import free_port, wait_until
+from testsupport.upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,7 +29,7 @@ def run(coro, timeout: float = 120) -> None:
     asyncio.run(asyncio.wait_for(coro, timeout=timeout))
 
 
-def config_for(engine: FakeEngine, **kw) -> ProxyConfig:
+def config_for(engine: FakeUpstream, **kw) -> ProxyConfig:
     return ProxyConfig(upstreams=[parse_upstream(engine.url)], limits=Limits(poll_interval=0.1), **kw)
 
 
@@ -45,7 +46,7 @@ def rss_bytes(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def proxy_process(engine: FakeEngine, *args: str):
+def proxy_process(engine: FakeUpstream, *args: str):
     """`oomguard proxy` in a process of its own (so that its memory is its own); yields (pid, url)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "oomguard", "proxy", "--upstream", engine.url,
@@ -84,7 +85,7 @@ def test_slow_readers_of_a_large_answer_do_not_grow_the_proxy() -> None:
     size = 200 << 20
 
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         engine.answer_bytes = size
         async with engine, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as s:
             with proxy_process(engine) as (pid, url):
@@ -155,7 +156,7 @@ async def trickle(port: int, head: bytes, then: bytes, every: float) -> tuple[by
 
 def test_trickled_heads_and_bodies_get_408_and_delay_no_one_else() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with engine, running_proxy(config_for(engine, header_timeout=1.0, body_timeout=1.0)) as (server, url):
             port = int(url.rsplit(":", 1)[1])
             body = json.dumps(completion()).encode()
@@ -190,7 +191,7 @@ def test_trickled_heads_and_bodies_get_408_and_delay_no_one_else() -> None:
 
 def test_a_connection_that_sends_nothing_or_idles_is_closed() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         config = config_for(engine, header_timeout=0.5, keepalive_timeout=0.8)
         async with engine, running_proxy(config) as (server, url):
             port = int(url.rsplit(":", 1)[1])
@@ -220,7 +221,7 @@ def test_a_client_that_stops_reading_is_dropped_after_the_send_timeout() -> None
     """Backpressure holds the engine's answer back for a stalled client; past --send-timeout the client is dropped,
     so the engine stops working for it instead of waiting on it forever."""
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         engine.answer_bytes = 64 << 20
         async with engine, running_proxy(config_for(engine, send_timeout=1.0)) as (server, url):
             port = int(url.rsplit(":", 1)[1])
@@ -267,7 +268,7 @@ async def raw(port: int, data: bytes, until_close: bool = True) -> bytes:
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with engine, running_proxy(config_for(engine)) as (server, url):
             port = int(url.rsplit(":", 1)[1])
             reqs = b""
@@ -285,8 +286,8 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection() -> None:
 
 def test_chunked_request_bodies_http10_clients_and_head() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.chunks = 2
+        engine = FakeUpstream()
+        engine.tokens = 2
         async with engine, running_proxy(config_for(engine)) as (server, url):
             port = int(url.rsplit(":", 1)[1])
             body = json.dumps(completion(prompt="chunked")).encode()
@@ -314,7 +315,7 @@ def test_chunked_request_bodies_http10_clients_and_head() -> None:
 
 def test_malformed_requests_and_oversized_heads_are_refused_and_closed() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with engine, running_proxy(config_for(engine)) as (server, url):
             port = int(url.rsplit(":", 1)[1])
             out = await raw(port, b"NOT HTTP AT ALL\r\n\r\n")
@@ -344,7 +345,7 @@ def test_a_plain_answer_cut_short_by_the_engine_closes_the_clients_connection() 
     """A body with a length that the engine does not finish is not passed on as if complete: the client's
     connection closes short of the length, so its HTTP library reports the error."""
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         engine.answer_bytes = 8 << 20
         async with engine, running_proxy(config_for(engine)) as (server, url):
             async with aiohttp.ClientSession() as s:

@@ -12,7 +12,7 @@ import time
 
 import aiohttp
 
-from oomguard.engines.llamacpp.server import free_port
+from testsupport import free_port
 from oomguard.metrics import parse_metrics
 from oomguard.proxy.admission import Limits
 from oomguard.proxy.command import running_proxy

@@ -14,18 +14,19 @@ from oomguard.proxy.admission import Limits
 from oomguard.proxy.command import running_proxy
 from oomguard.proxy.server import ProxyConfig
 from oomguard.proxy.upstreams import parse_upstream
-from test_proxy_fakes import FakeEngine, IdleClosingEngine, wait_until
+from testsupport import wait_until
+from testsupport.upstream import FakeUpstream, answer_text
 
 POLL = 0.1
 
 
-def config_for(*engines: FakeEngine, **kw) -> ProxyConfig:
+def config_for(*engines: FakeUpstream, **kw) -> ProxyConfig:
     limits = Limits(poll_interval=POLL, **kw.pop("limits", {}))
     return ProxyConfig(upstreams=[parse_upstream(e.url) for e in engines], limits=limits, **kw)
 
 
 @contextlib.asynccontextmanager
-async def stack(*engines: FakeEngine, **kw):
+async def stack(*engines: FakeUpstream, **kw):
     """Engines started, a proxy in front, a client session: yields (server, url, session)."""
     async with contextlib.AsyncExitStack() as es:
         for e in engines:
@@ -51,17 +52,17 @@ def completion(**extra) -> dict:
 # ----------------------------------------------------------------------------- pass-through
 def test_pass_through_json_and_status_and_headers() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion()) as r:
                 assert r.status == 200 and r.headers["x-engine"] == "fake"
-                assert (await r.json())["choices"][0]["text"] == "hello"
+                assert (await r.json())["choices"][0]["text"] == answer_text(16)
             async with s.get(url + "/v1/models") as r:
                 assert (await r.json())["data"][0]["max_model_len"] == 4096
-            engine.error_status = 422
+            engine.fail_every, engine.fail_status = 1, 422
             async with s.post(url + "/v1/chat/completions",
                               json={"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}) as r:
-                assert r.status == 422 and (await r.json())["error"]["message"] == "engine says no"
+                assert r.status == 422 and (await r.json())["error"]["message"] == "injected failure"
             async with s.get(url + "/health") as r:
                 assert r.status == 200
             async with s.post(url + "/v1/embeddings", json={"model": "fake-model", "input": "x"}) as r:
@@ -71,9 +72,9 @@ def test_pass_through_json_and_status_and_headers() -> None:
 
 def test_streaming_passes_chunk_by_chunk() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.chunks = 4
-        engine.chunk_delay = 0.3
+        engine = FakeUpstream()
+        engine.tokens = 4
+        engine.itl = 0.3
         async with stack(engine) as (server, url, s):
             arrivals = []
             t0 = time.monotonic()
@@ -92,7 +93,7 @@ def test_streaming_passes_chunk_by_chunk() -> None:
 # ----------------------------------------------------------------------------- admission over HTTP
 def test_hysteresis_over_http_pauses_090_holds_085_resumes_079() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             engine.kv_usage = 0.90
             await polled(server)
@@ -111,7 +112,7 @@ def test_hysteresis_over_http_pauses_090_holds_085_resumes_079() -> None:
 
 def test_priorities_over_http() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             engine.kv_usage = 0.95
             await polled(server)
@@ -133,7 +134,7 @@ def test_priorities_over_http() -> None:
 
 def test_429_with_retry_after_when_queue_full_and_on_timeout() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine, limits=dict(max_queue=1, queue_timeout=0.5)) as (server, url, s):
             engine.kv_usage = 0.95
             await polled(server)
@@ -156,7 +157,7 @@ def test_429_with_retry_after_when_queue_full_and_on_timeout() -> None:
 
 def test_503_with_retry_after_when_all_upstreams_down() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             await engine.stop()
             await wait_until(lambda: server.controller.upstreams[engine_name(engine)].down)
@@ -167,13 +168,13 @@ def test_503_with_retry_after_when_all_upstreams_down() -> None:
     run(scenario())
 
 
-def engine_name(engine: FakeEngine) -> str:
+def engine_name(engine: FakeUpstream) -> str:
     return parse_upstream(engine.url).name
 
 
 def test_two_upstreams_route_to_most_headroom() -> None:
     async def scenario():
-        a, b = FakeEngine(), FakeEngine()
+        a, b = FakeUpstream(), FakeUpstream()
         async with stack(a, b) as (server, url, s):
             a.kv_usage, b.kv_usage = 0.6, 0.2
             await polled(server)
@@ -191,7 +192,7 @@ def test_two_upstreams_route_to_most_headroom() -> None:
 
 def test_stale_metrics_count_as_saturated() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             engine.metrics_delay = 1.0  # scrapes time out: the last good sample ages past 3 intervals
             await asyncio.sleep(0.6)
@@ -210,9 +211,9 @@ def test_stale_metrics_count_as_saturated() -> None:
 # ----------------------------------------------------------------------------- stress correctness
 def test_client_disconnect_cancels_upstream_request() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.chunks = 100
-        engine.chunk_delay = 0.05
+        engine = FakeUpstream()
+        engine.tokens = 100
+        engine.itl = 0.05
         async with stack(engine) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion(stream=True)) as r:
                 await r.content.readline()
@@ -233,9 +234,9 @@ def test_client_disconnect_cancels_upstream_request() -> None:
 
 def test_upstream_dying_mid_stream_ends_with_error_event() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.chunks = 5
-        engine.die_after_chunks = 2
+        engine = FakeUpstream()
+        engine.tokens = 5
+        engine.die_after_tokens = 2
         async with stack(engine) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion(stream=True)) as r:
                 body = await r.read()
@@ -251,7 +252,7 @@ def test_upstream_dying_mid_stream_ends_with_error_event() -> None:
 
 def test_queued_requests_survive_upstream_restart() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine, limits=dict(queue_timeout=20)) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion()) as r:
                 assert r.status == 200  # a pooled keep-alive connection to the old process now exists
@@ -263,7 +264,7 @@ def test_queued_requests_survive_upstream_restart() -> None:
             await engine.stop()  # killed
             await wait_until(lambda: server.controller.upstreams[engine_name(engine)].down)
             await asyncio.sleep(0.5)
-            restarted = FakeEngine(port=engine.port)
+            restarted = FakeUpstream(port=engine.port)
             restarted.kv_usage = 0.1
             async with restarted:
                 results = await asyncio.gather(*tasks)
@@ -276,12 +277,12 @@ def test_queued_requests_survive_upstream_restart() -> None:
 
 def test_request_on_dead_pooled_connection_is_requeued_not_lost() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine, limits=dict(queue_timeout=10)) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion()) as r:
                 assert r.status == 200
             await engine.stop()
-            restarted = FakeEngine(port=engine.port)
+            restarted = FakeUpstream(port=engine.port)
             async with restarted:  # back before the poller noticed: the pooled connection is stale
                 async with s.post(url + "/v1/completions", json=completion()) as r:
                     assert r.status == 200
@@ -291,12 +292,13 @@ def test_request_on_dead_pooled_connection_is_requeued_not_lost() -> None:
 
 def test_keep_alive_closed_by_the_engine_is_retried_at_once() -> None:
     async def scenario():
-        engine = IdleClosingEngine()
+        engine = FakeUpstream()
+        engine.drop_reused = True   # a second completion on a keep-alive connection finds it closed
         async with engine, running_proxy(config_for(engine)) as (server, url), aiohttp.ClientSession() as s:
             for _ in range(3):  # each reuse of a pooled connection meets a close: retried on a fresh one
                 async with s.post(url + "/v1/completions", json=completion()) as r:
-                    assert r.status == 200 and (await r.json())["choices"][0]["text"] == "hello"
-            assert engine.answered == 3 and engine.dropped >= 1
+                    assert r.status == 200 and (await r.json())["choices"][0]["text"] == answer_text(16)
+            assert engine.completed == 3 and engine.dropped >= 1
             name = engine_name(engine)
             assert not server.controller.upstreams[name].down  # not taken for a dead engine
             async with s.get(url + "/metrics") as r:
@@ -307,7 +309,7 @@ def test_keep_alive_closed_by_the_engine_is_retried_at_once() -> None:
 # ----------------------------------------------------------------------------- protecting the engine
 def test_context_length_rejected_before_the_engine_sees_it() -> None:
     async def scenario():
-        engine = FakeEngine(max_model_len=512)
+        engine = FakeUpstream(max_model_len=512)
         async with stack(engine) as (server, url, s):
             long_prompt = "word " * 2000  # 10000 bytes: at least 1250 tokens by the bytes bound
             async with s.post(url + "/v1/completions", json=completion(prompt=long_prompt, max_tokens=10)) as r:
@@ -328,7 +330,7 @@ def test_context_length_rejected_before_the_engine_sees_it() -> None:
 
 def test_max_tokens_cap_body_limit_and_malformed_json() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine, max_tokens_cap=64, max_body_bytes=4096) as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion(max_tokens=1000)) as r:
                 assert (await r.json())["echo_max_tokens"] == 64
@@ -349,7 +351,7 @@ def test_max_tokens_cap_body_limit_and_malformed_json() -> None:
 # ----------------------------------------------------------------------------- security
 def test_client_keys_and_upstream_key_are_separate() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine, api_keys=("k-one", "k-two"), upstream_api_key="up-secret") as (server, url, s):
             async with s.post(url + "/v1/completions", json=completion()) as r:
                 assert r.status == 401
@@ -379,8 +381,8 @@ async def raw_get(url: str, target: str, host: str = "127.0.0.1") -> tuple[int, 
 
 def test_never_an_open_proxy() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.error_status = 200  # anything the engine answered would show
+        engine = FakeUpstream()
+        engine.fail_every, engine.fail_status = 1, 200  # anything the engine answered would show
         async with stack(engine) as (server, url, s):
             for target in ("/v1/../v1/models/../../admin", "/v1/%2e%2e/admin", "/admin", "/v1//x",
                            "/v1/models/..%2f..%2fmetrics"):
@@ -396,7 +398,7 @@ def test_never_an_open_proxy() -> None:
 # ----------------------------------------------------------------------------- observability
 def test_metrics_status_and_access_log(caplog) -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         engine.kv_usage = 0.42
         async with stack(engine) as (server, url, s):
             await polled(server)
@@ -434,7 +436,7 @@ def test_status_command_prints_table(capsys) -> None:
     from oomguard.cli import main
 
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             code = await asyncio.get_running_loop().run_in_executor(None, main, ["proxy", "--status", url])
             assert code == 0
@@ -453,7 +455,7 @@ def test_cli_config_refuses_remote_listen_without_keys() -> None:
 
 def test_trace_and_delete_are_refused_not_forwarded() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             for method in ("TRACE", "DELETE", "PUT"):
                 async with s.request(method, url + "/v1/models") as r:
@@ -500,7 +502,7 @@ def test_upstream_urls_are_checked_and_a_password_is_never_echoed(tmp_path):
 
 def test_a_json_body_nested_100000_deep_is_a_400_not_a_crash() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             body = b"[" * 100_000 + b"]" * 100_000
             async with s.post(url + "/v1/completions", data=body, headers={"content-type": "application/json"}) as r:
@@ -512,7 +514,7 @@ def test_a_json_body_nested_100000_deep_is_a_400_not_a_crash() -> None:
 
 def test_engine_with_its_own_waiting_queue_gets_nothing_more_and_a_huge_metrics_page_is_not_read() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         async with stack(engine) as (server, url, s):
             name = next(iter(server.controller.upstreams))
             engine.waiting = 3   # the engine queues: the proxy holds new requests until it drains
@@ -530,8 +532,8 @@ def test_engine_with_its_own_waiting_queue_gets_nothing_more_and_a_huge_metrics_
 
 def test_a_silent_upstream_stream_is_closed_after_the_idle_timeout() -> None:
     async def scenario():
-        engine = FakeEngine()
-        engine.chunk_delay = 30.0   # one event, then silence
+        engine = FakeUpstream()
+        engine.itl = 30.0   # one event, then silence
         async with stack(engine, read_timeout=1.0) as (server, url, s):
             start = time.monotonic()
             async with s.post(url + "/v1/completions", json=completion(stream=True)) as r:

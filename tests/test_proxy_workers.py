@@ -14,7 +14,8 @@ import pytest
 
 from oomguard.proxy.admission import Limits
 from oomguard.proxy.workers import merge_metrics, merge_status, share, worker_limits
-from test_proxy_fakes import FakeEngine, free_port, wait_until
+from testsupport import free_port, wait_until
+from testsupport.upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,7 +65,7 @@ def test_merge_metrics_labels_each_worker() -> None:
 
 def test_two_workers_share_the_port_split_caps_and_all_pause_at_the_watermark() -> None:
     async def scenario():
-        engine = FakeEngine()
+        engine = FakeUpstream()
         port = free_port()
         async with engine:
             proc = subprocess.Popen(

@@ -16,6 +16,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from oomguard.cache import cache_root
 from oomguard.errors import UsageError
 
 # safetensors dtype -> bytes per element (safetensors' Dtype enum)
@@ -37,8 +38,6 @@ class HubError(UsageError):
 
 
 def cache_dir() -> Path:
-    from oomguard.engines.llamacpp.build import cache_root
-
     return Path(os.environ.get("OOMGUARD_HUB_CACHE") or cache_root() / "hub").expanduser()
 
 

@@ -2,17 +2,16 @@
 pool behind (`pool.py`), both over httptools' parser in one asyncio loop; the stack was chosen by measurement
 (benchmarks/proxy_overhead.py, benchmarks/proxy_stack_choice.py, README "Proxy").
 
-Per request: authenticate, check the path and body, count the prompt, ask the admission controller, wait in
-the queue if told to, forward to the chosen upstream, and pass the answer back (SSE event by event, nothing
-held back, and no faster than the client reads: a slow reader pauses the upstream socket). A client that
-disconnects cancels its handler, which closes the upstream connection, which makes the engine abort the request.
+Per request: check the path, take the request in (`intake.py`: the key, the body, its JSON and priority, the
+prompt's tokens), ask the admission controller, wait in the queue if told to, forward to the chosen upstream, and
+pass the answer back (SSE event by event, nothing held back, and no faster than the client reads: a slow reader
+pauses the upstream socket). A client that disconnects cancels its handler, which closes the upstream connection,
+which makes the engine abort the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import logging
 import re
@@ -21,34 +20,20 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import aiohttp
-from .http import ClientGone, Request, RequestTimeout
+from .http import ClientGone, Request
+from .intake import Refusal, RequestIntake, json_dumps as _dumps
 from .pool import HOP_BY_HOP, UpstreamBroken, UpstreamPool, UpstreamUnavailable
-from .admission import AdmissionController, Limits, Priority, Rejection, Ticket
+from .admission import AdmissionController, Limits, Rejection, Ticket
 from .metrics import ProxyMetrics
-from .tokens import PromptRatio, TokenCounter, context_error, load_counter, requested_max_tokens
+from .tokens import PromptRatio, TokenCounter, load_counter, requested_max_tokens
 from .upstreams import Poller, UpstreamAddress
 from .workers import WorkerInfo, gather_siblings, merge_metrics, merge_status
-
-try:  # faster JSON when available; the stdlib otherwise
-    import orjson as _orjson
-
-    _loads = _orjson.loads
-
-    def _dumps(obj: Any) -> bytes:
-        return _orjson.dumps(obj)
-except ImportError:  # pragma: no cover - depends on the environment
-    def _loads(data: bytes) -> Any:
-        return json.loads(data)
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
 
 log = logging.getLogger("oomguard.proxy")
 access_log = logging.getLogger("oomguard.proxy.access")
 
 # Only these paths are ever forwarded, and only to configured upstreams: never an open proxy.
 _SAFE_V1_PATH = re.compile(r"^/v1(/[A-Za-z0-9_\-.:]+)*/?$")
-_GUARDED = ("/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 _DROP_REQUEST = HOP_BY_HOP | {b"host", b"authorization", b"content-length", b"x-priority", b"x-api-key", b"expect",
                                b"cookie", b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto"}
 _DROP_RESPONSE = HOP_BY_HOP | {b"server", b"set-cookie"}
@@ -58,8 +43,6 @@ _MAX_EVENT = 1 << 20  # an SSE event larger than this is passed on in pieces (it
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _TAIL = 4096   # the bytes of a streamed answer kept for its usage (the last events)
 
-
-_PRIORITY_NAMES = {p: p.name.lower() for p in Priority}
 _SAFE_PATHS: dict[str, bool] = {}  # the answer of `_safe_path` for the paths seen (few: the API's routes)
 
 
@@ -107,7 +90,9 @@ class ProxyServer:
                  worker: WorkerInfo | None = None) -> None:
         self.config = config
         self._find_counter = counter is None  # look for the tokenizer once the served models are known
-        self.counter = counter or TokenCounter(source="not loaded yet")
+        self.intake = RequestIntake(config.api_keys, max_body_bytes=config.max_body_bytes,
+                                    body_timeout=config.body_timeout, max_tokens_cap=config.max_tokens_cap,
+                                    counter=counter)
         self.prompt_ratio = PromptRatio()   # learnt from the engines' usage.prompt_tokens
         self._answers_seen = 0
         self.worker = worker if worker is not None and worker.count > 1 else None
@@ -118,13 +103,20 @@ class ProxyServer:
         self._pools: dict[str, UpstreamPool] = {}
         self._tasks: list[asyncio.Task] = []
         self._poll_session: aiohttp.ClientSession | None = None
-        # keys kept as SHA-256 digests: every comparison is between equal-length values, in constant time
-        self._api_keys = tuple(hashlib.sha256(k.encode()).digest() for k in config.api_keys)
         self._upstream_headers = ({"Authorization": f"Bearer {config.upstream_api_key}"}
                                   if config.upstream_api_key else {})
         self._upstream_header_lines = b"".join(f"{k}: {v}\r\n".encode("latin-1")
                                                for k, v in self._upstream_headers.items())
         self.started_at = time.time()
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The prompt token counter (the intake's): the model's tokenizer once found, else the bytes bound."""
+        return self.intake.counter
+
+    @counter.setter
+    def counter(self, counter: TokenCounter) -> None:
+        self.intake.counter = counter
 
     # ----------------------------------------------------------------- the entry point (http.HttpServer)
     async def handle(self, req: Request) -> None:
@@ -208,7 +200,7 @@ class ProxyServer:
         return Reply(200, body, (("content-type", "text/plain; charset=utf-8"), ("cache-control", "no-store")))
 
     async def handle_status(self, headers: Any) -> Reply:
-        if not self._authorized(headers):
+        if not self.intake.authorized(headers):
             return self._error(401, "Invalid or missing API key.", "AuthenticationError")
         snap = self.controller.snapshot()
         snap["uptime_s"] = round(time.time() - self.started_at, 1)
@@ -252,10 +244,11 @@ class ProxyServer:
     async def _handle_v1(self, req: Request, info: dict[str, Any]) -> int:
         """Answer one /v1 request; returns the status sent."""
         headers = req.headers
-        if self._api_keys and not self._authorized(headers):
-            info["reason"] = "unauthorized"
-            self.metrics.on_reject("unauthorized")
-            return self._error(401, "Invalid or missing API key.", "AuthenticationError").send(req)
+        intake = self.intake
+        try:
+            intake.authenticate(headers)
+        except Refusal as refusal:
+            return self._refused(refusal, info).send(req)
         path = req.path
         if not _safe_path(path):
             info["reason"] = "bad_path"
@@ -264,66 +257,18 @@ class ProxyServer:
         declared = headers.get("content-length")
         if req.method in ("GET", "HEAD") and declared in (None, "0") and "transfer-encoding" not in headers:
             return await self._forward_unguarded(req, target, info)
-
-        # ---- body: size, JSON, priority, prompt length
         try:
-            body = req.body_now(self.config.max_body_bytes)   # the common case: all of it came with the head
+            body = req.body_now(intake.max_body_bytes)   # the common case: all of it came with the head
             if body is None:
-                body = await req.body(self.config.max_body_bytes)
-        except RequestTimeout:
-            info["reason"] = "body_timeout"
-            self.metrics.on_reject("body_timeout")
-            return self._error(408, f"The request body did not arrive within {self.config.body_timeout:g} s.",
-                               "RequestTimeoutError").send(req)
-        if body is None:
-            info["reason"] = "body_too_large"
-            self.metrics.on_reject("body_too_large")
-            return self._error(413, f"The request body is larger than the proxy's limit of "
-                                    f"{self.config.max_body_bytes} bytes.", "RequestEntityTooLargeError").send(req)
-        try:
-            given = headers.get("x-priority")
-            priority = Priority.NORMAL if given is None else Priority.parse(given)
-        except ValueError as exc:
-            info["reason"] = "bad_priority"
-            self.metrics.on_reject("bad_request")
-            return self._error(400, str(exc), "BadRequestError", param="x-priority").send(req)
-        info["priority"] = _PRIORITY_NAMES[priority]
-        path = path.rstrip("/")
-        guarded = path in _GUARDED
-        payload: Any = None
-        if guarded or (body and (headers.get("content-type") or "").split(";", 1)[0].strip().lower()
-                       == "application/json"):
-            try:
-                payload = _loads(body) if body else None
-            except (ValueError, RecursionError) as exc:   # a body nested deeper than the parser goes is malformed too
-                info["reason"] = "malformed_json"
-                self.metrics.on_reject("bad_request")
-                deep = isinstance(exc, RecursionError) or "depth limit" in str(exc)  # the stdlib's, orjson's
-                reason = "nested too deeply" if deep else exc
-                return self._error(400, f"Malformed JSON in the request body: {reason}", "BadRequestError").send(req)
-            if guarded and not isinstance(payload, dict):
-                info["reason"] = "malformed_json"
-                self.metrics.on_reject("bad_request")
-                return self._error(400, "The request body must be a JSON object.", "BadRequestError").send(req)
-        prompt_tokens = 0
-        model = None
-        stream = False
-        limit = self.controller.max_model_len()
-        if isinstance(payload, dict):
-            model = payload.get("model")
-            if not isinstance(model, str):
-                model = None
-            stream = payload.get("stream") is True
-            info["model"] = model
-            info["stream"] = stream
-            if guarded:
-                rejected, body, prompt_tokens = self._check_length(path, payload, body, info, limit)
-                if rejected is not None:
-                    return rejected.send(req)
+                body = await intake.read_body(req)
+            limit = self.controller.max_model_len()
+            got = intake.parse(headers, path, body, limit, info)
+        except Refusal as refusal:
+            return self._refused(refusal, info).send(req)
 
         # ---- admission
-        ticket = Ticket(priority=priority, prompt_tokens=prompt_tokens, model=model,
-                        kv_tokens=self._kv_tokens(payload, prompt_tokens, limit) if guarded else 0, stream=stream)
+        ticket = Ticket(priority=got.priority, prompt_tokens=got.prompt_tokens, model=got.model, stream=got.stream,
+                        kv_tokens=self._kv_tokens(got.payload, got.prompt_tokens, limit) if got.guarded else 0)
         decision = self.controller.submit(ticket)
         self._wake(decision.dispatched)
         for victim, rejection in decision.evicted:
@@ -337,11 +282,11 @@ class ProxyServer:
                     if rejection is not None:
                         return self._rejected(rejection, info).send(req)
                 waited = time.monotonic() - ticket.enqueued_at
-                self.metrics.on_admit(ticket.upstream, priority, waited)
+                self.metrics.on_admit(ticket.upstream, got.priority, waited)
                 info["upstream"] = ticket.upstream
                 info["queue_s"] = waited
                 try:
-                    return await self._forward(req, target, ticket, body, info)
+                    return await self._forward(req, target, ticket, got.body, info)
                 except _UpstreamGone as exc:
                     name = ticket.upstream
                     self.metrics.upstream_errors.labels(name, "before_response").inc()
@@ -387,33 +332,6 @@ class ProxyServer:
         if out is None:
             return limit or prompt
         return min(prompt + max(0, out), limit) if limit else prompt + max(0, out)
-
-    def _check_length(self, path: str, payload: dict, body: bytes, info: dict,
-                      limit: int | None) -> tuple[Reply | None, bytes, int]:
-        counted = self.counter.count_prompt(payload, path)
-        n = counted or 0
-        embeddings = path.endswith("/embeddings")
-        cap = self.config.max_tokens_cap
-        if cap is not None and not embeddings:
-            changed = False
-            for key in ("max_tokens", "max_completion_tokens"):
-                value = payload.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-                    payload[key] = cap
-                    changed = True
-            if requested_max_tokens(payload) is None:
-                payload["max_tokens"] = cap
-                changed = True
-            if changed:
-                body = _dumps(payload)
-                info["max_tokens_capped"] = cap
-        if counted is not None and limit:
-            message = context_error(n, requested_max_tokens(payload), limit, self.counter.exact, embeddings)
-            if message is not None:
-                info["reason"] = "context_length"
-                self.metrics.on_reject("context_length")
-                return self._error(400, message, "BadRequestError"), body, n
-        return None, body, n
 
     async def _forward(self, req: Request, target: bytes, ticket: Ticket, body: bytes, info: dict) -> int:
         name = ticket.upstream
@@ -556,17 +474,6 @@ class ProxyServer:
                                         "No upstream engine is reachable right now; retry later."), info).send(req)
 
     # ----------------------------------------------------------------- helpers
-    def _authorized(self, headers: Any) -> bool:
-        if not self._api_keys:
-            return True
-        header = headers.get("authorization") or ""
-        token = header[7:].strip() if header[:7].lower() == "bearer " else headers.get("x-api-key") or ""
-        given = hashlib.sha256(token.encode()).digest()
-        ok = False
-        for key in self._api_keys:  # every key compared, in constant time each
-            ok |= hmac.compare_digest(given, key)
-        return ok
-
     def _request_headers(self, req: Request) -> bytes:
         """The client's headers to pass on, as header lines: hop-by-hop ones, the client's credentials and the
         proxy's own (x-priority) dropped, the upstream's key added."""
@@ -577,6 +484,12 @@ class ProxyServer:
         lines = [b"%s: %s\r\n" % (k, v) for k, v in req.raw_headers if k.lower() not in drop]
         lines.append(self._upstream_header_lines)
         return b"".join(lines)
+
+    def _refused(self, refusal: Refusal, info: dict) -> Reply:
+        info["reason"] = refusal.reason
+        if refusal.metric is not None:
+            self.metrics.on_reject(refusal.metric)
+        return self._error(refusal.status, refusal.message, refusal.kind, param=refusal.param)
 
     def _rejected(self, rejection: Rejection, info: dict) -> Reply:
         info["reason"] = rejection.reason

@@ -9,7 +9,7 @@ nearly greedy) and all-zero rows for the control, unknown and byte tokens: the m
 end-of-sequence, so a request generates exactly its `max_tokens` (pass `"ignore_eos": true` to be certain),
 and its text is made of whole vocabulary pieces (no stray UTF-8 bytes).
 
-    python -m oomguard.engines.llamacpp.tinymodel OUT.gguf [--vocab PATH]
+    python -m testsupport.llamacpp.tinymodel OUT.gguf [--vocab PATH]
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def ensure_tiny_gguf(vocab: str | os.PathLike, directory: str | os.PathLike | No
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m oomguard.engines.llamacpp.tinymodel",
+    parser = argparse.ArgumentParser(prog="python -m testsupport.llamacpp.tinymodel",
                                      description="Write the tiny random-weight llama GGUF used by the tests.")
     parser.add_argument("out", help="output .gguf path")
     parser.add_argument("--vocab", help="vocabulary GGUF (default: the cached ggml-vocab-llama-spm.gguf, built if needed)")
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     vocab = args.vocab
     if vocab is None:
-        from oomguard.engines.llamacpp.build import ensure_llama_server, vocab_path
+        from testsupport.llamacpp.build import ensure_llama_server, vocab_path
         ensure_llama_server()
         vocab = vocab_path()
     print(write_tiny_gguf(args.out, vocab, TinyConfig(seed=args.seed)))

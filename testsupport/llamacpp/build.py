@@ -11,8 +11,8 @@ so the llama.cpp fit tools (`llama-fit-params`, `ggml-rpc-server`, `llama-quanti
 llama.cpp tiering plan) cost one build with llama-server in CI. A cache made before these tools existed is
 completed by one more build the first time a tool is asked for; llama-server is left as it is.
 
-    python -m oomguard.engines.llamacpp.build          # prints the binary's path, building it if needed
-    python -m oomguard.engines.llamacpp.build --target llama-fit-params --target ggml-rpc-server
+    python -m testsupport.llamacpp.build          # prints the binary's path, building it if needed
+    python -m testsupport.llamacpp.build --target llama-fit-params --target ggml-rpc-server
 
 The build needs pip (to fetch the sdist from the package index), CMake and a C/C++ compiler; about 7-12
 minutes on 2 cores. Nothing is downloaded at build time besides the sdist: the web UI's prebuilt assets,
@@ -34,6 +34,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
+
+from oomguard.cache import cache_root
 
 # Newest llama-cpp-python whose vendored llama.cpp builds here (checked: 0.3.36, llama.cpp ggml 0.25.3).
 PINNED_VERSION = "0.3.36"
@@ -67,10 +69,6 @@ Progress = Callable[[str], None]
 
 class BuildError(RuntimeError):
     """llama-server could not be built; the message says why and where the log is."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("OOMGUARD_CACHE") or Path.home() / ".cache" / "oomguard").expanduser()
 
 
 def install_dir(version: str = PINNED_VERSION) -> Path:
@@ -276,7 +274,7 @@ def ensure_fit_tools(version: str = PINNED_VERSION, *, jobs: int | None = None,
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m oomguard.engines.llamacpp.build",
+    parser = argparse.ArgumentParser(prog="python -m testsupport.llamacpp.build",
                                      description="Print the path of the cached llama-server, building it if needed.")
     parser.add_argument("--version", default=PINNED_VERSION, help=f"llama-cpp-python version (default {PINNED_VERSION})")
     parser.add_argument("--target", action="append", dest="targets",

@@ -1,4 +1,4 @@
-"""Start and stop a real `llama-server` process (for tests and local what-if runs).
+"""Start and stop a real `llama-server` process (for the tests and benchmarks).
 
     with LlamaServer(binary, model, ctx_size=2048, parallel=2) as server:
         urllib.request.urlopen(server.url + "/v1/models")
@@ -22,15 +22,11 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
+from testsupport import free_port
+
 
 class LlamaServerError(RuntimeError):
     """llama-server did not start (the message carries the end of its log)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class LlamaServer:
