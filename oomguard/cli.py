@@ -84,12 +84,28 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_OK
+    except OSError as exc:
+        if exc.filename is None:
+            return _internal(exc)
+        # a path that cannot be used (too long, missing, a directory, no permission): the user's to fix
+        name = str(exc.filename)
+        shown = name if len(name) <= 120 else name[:120] + "..."
+        print(f"oomguard: error: {exc.strerror or exc}: {shown!r}", file=sys.stderr)
+        return EXIT_USAGE
+    except RecursionError:   # JSON or text nested beyond what the parsers take
+        print("oomguard: error: the input is nested too deeply to read (thousands of levels): check the file",
+              file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:  # a bug of ours: one line by default, the traceback on request
-        if os.environ.get("OOMGUARD_DEBUG"):
-            raise
-        print(f"oomguard: internal error: {type(exc).__name__}: {exc} "
-              "(set OOMGUARD_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    if os.environ.get("OOMGUARD_DEBUG"):
+        raise exc
+    print(f"oomguard: internal error: {type(exc).__name__}: {exc} "
+          "(set OOMGUARD_DEBUG=1 for the traceback, and please report it)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from oomguard.diagnose import render
     from oomguard.errors import UsageError
 
+    if args.metrics is not None and not args.metrics.strip():
+        raise UsageError("--metrics needs the server's base URL or /metrics URL, e.g. http://127.0.0.1:8000")
     if args.metrics:
         if args.files:
             raise UsageError("give log files or --metrics URL, not both")

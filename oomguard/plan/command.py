@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list_gpus or args.list_models:
         return render.print_catalogs(gpus=args.list_gpus, models=args.list_models)
     words = list(args.model)
-    if len(words) == 1 and words[0].split(None, 1)[0] in ("vllm", "python", "python3"):
+    if len(words) == 1 and (words[0].split(None, 1) or [""])[0] in ("vllm", "python", "python3"):
         words = _split_quoted_command(words[0])   # the whole command pasted as one quoted argument
     if args.gpu_count is not None and args.gpu_count < 1:
         raise UsageError(f"--gpu-count must be at least 1, got {args.gpu_count}")

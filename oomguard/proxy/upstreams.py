@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -32,20 +33,28 @@ class UpstreamAddress:
     base: str  # scheme://host:port[/prefix] without a trailing slash or /v1
 
 
+_HOSTNAME = re.compile(r"[A-Za-z0-9._-]+|[0-9A-Fa-f:.]+(?:%[\w.-]+)?")   # a DNS name or IPv4; an IPv6 literal
+
+
 def parse_upstream(url: str) -> UpstreamAddress:
     raw = url.strip()
     if "://" not in raw:
         raw = "http://" + raw
-    parts = urlsplit(raw)
+    shown = url if len(url) <= 200 else url[:200] + "..."
+    try:
+        parts = urlsplit(raw)
+        hostname = parts.hostname   # parsed here: a malformed IPv6 literal raises
+    except ValueError:
+        raise UsageError(f"--upstream must be an http(s) URL like http://127.0.0.1:8000 (got {shown!r})") from None
     if parts.username or parts.password:   # never echoed: the error would print the password
         raise UsageError("--upstream takes a plain base URL without credentials; give the engine's key with "
                          "--upstream-api-key")
-    shown = url if len(url) <= 200 else url[:200] + "..."
     try:
         port = parts.port
     except ValueError:
         raise UsageError(f"--upstream has an invalid port (got {shown!r})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in raw):
+    if parts.scheme not in ("http", "https") or not hostname or any(c.isspace() for c in raw) or \
+            not _HOSTNAME.fullmatch(hostname):
         raise UsageError(f"--upstream must be an http(s) URL like http://127.0.0.1:8000 (got {shown!r})")
     if parts.query or parts.fragment:
         raise UsageError(f"--upstream takes a plain base URL, without query or fragment (got {shown!r})")

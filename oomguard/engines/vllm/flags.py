@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import re
 import shlex
 from dataclasses import dataclass, fields
@@ -79,8 +80,8 @@ def mm_limits(text) -> dict:
 
 def _non_negative_float(text: str) -> float:
     value = _positive_float(text)
-    if not value >= 0:   # NaN too
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number >= 0")
+    if not (value >= 0 and math.isfinite(value)):   # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
     return value
 
 
@@ -108,7 +109,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("block_size", ("--block-size",), int, "tokens per KV block"),
     Flag("enforce_eager", ("--enforce-eager",), None, "no CUDA graphs"),
     Flag("enable_prefix_caching", ("--enable-prefix-caching",), None, "prefix caching on/off", negatable=True),
-    Flag("cpu_offload_gb", ("--cpu-offload-gb",), _positive_float, "GiB of weights per GPU kept in CPU memory"),
+    Flag("cpu_offload_gb", ("--cpu-offload-gb",), _non_negative_float, "GiB of weights per GPU kept in CPU memory"),
     Flag("kv_cache_memory_bytes", ("--kv-cache-memory-bytes", "--kv-cache-memory"), human_int,
          "fixed KV cache size per GPU (ignores --gpu-memory-utilization)"),
     Flag("enable_expert_parallel", ("--enable-expert-parallel",), None, "split MoE experts over GPUs"),
