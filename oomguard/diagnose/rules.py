@@ -167,7 +167,8 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     if not findings and (scanner.error_lines or stage):
         findings.append(_from_stage(scanner, stage))
     if findings:
-        _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage)
+        _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage,
+                           _evidence_for(scanner, oom_numbers))
     return findings
 
 
@@ -176,6 +177,16 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
     evidence = [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines]
     missing = "the final exception line (the last lines of the traceback)" if scanner.frames else \
         "a message oomguard knows"
+    if stage is None and scanner.engine_frames:
+        # every known message would have matched: an engine traceback without one is most often its own failure
+        return Finding(FailureClass.ENGINE_BUG, 0.3,
+                       f"The traceback stops inside the engine's own code without {missing}; with no known "
+                       "message (every out-of-memory, configuration and access wording is known), the engine's own "
+                       "failure is the likeliest reading.", evidence,
+                       [Fix("the exception names the cause", action="paste the last lines of the traceback to confirm"),
+                        Fix("a crash inside the engine is often fixed upstream",
+                            action="try the latest release of the engine")],
+                       notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
     if stage is None:
         return Finding(FailureClass.UNKNOWN, 0.2, f"No known failure message matched, and the text lacks {missing}.",
                        evidence,
@@ -188,8 +199,9 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                    notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
 
 
-def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
-    """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage."""
+def _rank_alternatives(top: Finding, others: list[Finding], stage, evidence: dict | None = None) -> None:
+    """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage,
+    then the classes whose failures show the same symptom as the top one (those the text gives a sign of first)."""
     seen = {top.cls}
     for other in others:
         if other.cls not in seen and len(top.alternatives) < 3:
@@ -201,6 +213,90 @@ def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
             seen.add(cls)
             top.alternatives.append({"class": cls, "confidence": 0.2,
                                      "why": f"the traceback stands in {stage.where}"})
+    evidence = evidence or {}
+    look_alikes = SHARED_SYMPTOM.get(top.cls, ())
+    # a look-alike the text gives a sign of goes first; otherwise the table's order (the likelier cause first)
+    ranked = sorted(enumerate(look_alikes), key=lambda item: (item[1][0] not in evidence, item[0]))
+    for _, (cls, why) in ranked:
+        if top.cls == FailureClass.UNKNOWN and cls not in evidence:
+            continue   # nothing matched: offer only what the text itself gives a sign of
+        if cls not in seen and len(top.alternatives) < 3:
+            seen.add(cls)
+            sign = evidence.get(cls)
+            top.alternatives.append({"class": cls, "confidence": 0.15 if sign else 0.1,
+                                     "why": f"{why}; the text {sign}" if sign else why})
+
+
+C = FailureClass
+# What else a failure's symptom can mean: the classes whose failures print the same message, read from how each
+# failure arises (not from any report). An allocator's out-of-memory reads the same whichever stage asked for the
+# memory, or when another process holds it; a cache that cannot be sized reads the same whether the model or another
+# process took the memory; a model that cannot be opened reads the same when the network, the file's format or a
+# release too old for it is at fault. Most likely first.
+SHARED_SYMPTOM: dict[str, tuple[tuple[str, str], ...]] = {
+    C.OOM_RUNTIME: ((C.OOM_PROFILING_OR_GRAPH, "the same allocator error ends the startup profile run or graph "
+                                                "capture"),
+                    (C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                    (C.ENGINE_BUG, "an engine that misjudges its own memory needs fails the same way"),
+                    (C.OOM_WEIGHTS_LOAD, "the same allocator error ends a model load that does not fit")),
+    C.OOM_PROFILING_OR_GRAPH: ((C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                               (C.OOM_WEIGHTS_LOAD, "the same allocator error ends a model load that does not fit"),
+                               (C.ENGINE_BUG, "an engine that under-reserves for its own profiling or graphs fails "
+                                              "the same way"),
+                               (C.OOM_RUNTIME, "the same allocator error ends a serving step")),
+    C.OOM_WEIGHTS_LOAD: ((C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                         (C.OOM_PROFILING_OR_GRAPH, "the same allocator error ends the startup profile run"),
+                         (C.OOM_RUNTIME, "the same allocator error ends a serving step")),
+    C.GPU_MEMORY_IN_USE: ((C.OOM_PROFILING_OR_GRAPH, "the engine's own startup peak can leave the same shortfall"),
+                          (C.OOM_WEIGHTS_LOAD, "a model larger than the GPU leaves the same shortfall"),
+                          (C.ENGINE_BUG, "an engine that miscounts free memory reports the same")),
+    C.NO_CACHE_BLOCKS: ((C.GPU_MEMORY_IN_USE, "memory another process holds leaves no room for the cache too"),
+                        (C.KV_CACHE_TOO_SMALL, "a cache too small for the context is the same shortage"),
+                        (C.ENGINE_BUG, "an engine that miscounts its memory leaves the same nothing")),
+    C.KV_CACHE_TOO_SMALL: ((C.NO_CACHE_BLOCKS, "the same shortage, with no room left at all"),
+                           (C.GPU_MEMORY_IN_USE, "memory another process holds shrinks the cache the same way"),
+                           (C.CONTEXT_TOO_LONG, "a request longer than the context reads alike")),
+    C.CONTEXT_TOO_LONG: ((C.KV_CACHE_TOO_SMALL, "a cache smaller than the context rejects long requests too"),
+                         (C.TOKENIZER_CHAT_TEMPLATE, "a template that inflates the prompt makes the same excess")),
+    C.TOKENIZER_CHAT_TEMPLATE: ((C.ENGINE_BUG, "a template the engine renders wrongly fails the same way"),
+                                (C.MODEL_ACCESS, "a tokenizer that cannot be fetched fails the same way")),
+    C.MODEL_ACCESS: ((C.CONNECTION, "a network that cannot reach the model store fails the same way"),
+                     (C.ENGINE_BUG, "a release that predates the model or its format fails to open it alike"),
+                     (C.QUANTIZATION_MISMATCH, "a checkpoint in a format the loader does not expect fails alike")),
+    C.CONNECTION: ((C.ENGINE_BUG, "a server that crashed or never started answers the same way"),
+                   (C.MODEL_ACCESS, "a model store that cannot be reached fails the same way")),
+    C.QUANTIZATION_MISMATCH: ((C.DTYPE_CAPABILITY, "a GPU without the kernels for the format fails alike"),
+                              (C.ENGINE_BUG, "a release that mishandles the format fails alike"),
+                              (C.TP_MISCONFIG, "quantized shapes that do not split over the GPUs fail alike")),
+    C.DTYPE_CAPABILITY: ((C.QUANTIZATION_MISMATCH, "a quantization the GPU lacks kernels for fails alike"),
+                         (C.ENGINE_BUG, "a build without kernels for this GPU fails alike")),
+    C.TP_MISCONFIG: ((C.NCCL, "the GPUs failing to talk stops the same parallel setup"),
+                     (C.QUANTIZATION_MISMATCH, "quantized weights that do not split fail alike")),
+    C.NCCL: ((C.TP_MISCONFIG, "a parallel layout the GPUs cannot hold fails the same setup"),
+             (C.ENGINE_BUG, "a crash in one rank leaves the others waiting the same way")),
+    C.ENGINE_BUG: ((C.OOM_RUNTIME, "a crash while serving is often memory running out"),),
+    C.UNKNOWN: ((C.ENGINE_BUG, "a traceback inside the engine with no known message is most often its own crash"),),
+}
+
+
+def _evidence_for(scanner: Scanner, oom_numbers: dict) -> dict:
+    """Signs in the text of each look-alike class (class -> a few words on what was seen), from what the scan kept:
+    weak hits, the phases the log went through, words that place the failure, and the out-of-memory numbers."""
+    signs: dict = {}
+    for cls, hits in scanner.classes.items():
+        signs.setdefault(cls, f"also has {hits.best.id if hits.best else cls} ({hits.evidence.count} line(s))")
+    phases = scanner.phase_seen | scanner.phase_hints
+    if phases & {"loading"}:
+        signs.setdefault(C.OOM_WEIGHTS_LOAD, "shows the weights loading")
+    if phases & {"weights_loaded", "profiled", "capturing", "startup"}:
+        signs.setdefault(C.OOM_PROFILING_OR_GRAPH, "shows startup profiling or graph capture")
+    if phases & {"ready", "serving"}:
+        signs.setdefault(C.OOM_RUNTIME, "shows the server serving")
+    if oom_numbers.get("other_total_gib") or oom_numbers.get("other_processes_gib"):
+        signs.setdefault(C.GPU_MEMORY_IN_USE, "lists other processes on the GPU")
+    if scanner.engine_frames:
+        signs.setdefault(C.ENGINE_BUG, "stops inside the engine's own code")
+    return signs
 
 
 # engines whose own messages bring their own fixes; vLLM's are the default (its flags are the users' usual ones)

@@ -51,6 +51,9 @@ _ERROR_WORDS = re.compile(r"rror|xception|fail|traceback|\bhang|stuck|file \"|ca
 _BINARY = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")   # control characters, undecodable bytes
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
+# a frame in an engine's own package (vLLM, SGLang, llama-cpp-python): a traceback there with no known message is
+# the engine's code failing
+_ENGINE_FILE = re.compile(r"(?:^|[/\\])(?:vllm|sglang|sgl_jax|llama_cpp|vllm_ascend)[/\\]")
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
 
 
@@ -212,6 +215,7 @@ class Scanner:
         self._prev = ""
         self._prev_raw = ""
         self.phase_hints: set[str] = set()
+        self.engine_frames = 0   # traceback frames read in an engine's own package
 
     # -- the pass ------------------------------------------------------------------------------------------
     def feed(self, number: int, text: str, source: str = "-") -> None:
@@ -334,6 +338,8 @@ class Scanner:
             func = match.group("func")
             if "file" in match.groupdict() and startup_log.HTTP_CLIENT_FILES.search(match.group("file")):
                 func = startup_log.HTTP_CLIENT_FRAME
+            elif "file" in match.groupdict() and _ENGINE_FILE.search(match.group("file")):
+                self.engine_frames += 1
             self._frames_for(process).append(func)
             if process != "*":
                 self._frames_for("*").append(func)
