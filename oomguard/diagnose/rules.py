@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 
+from oomguard.diagnose import lexicon
 from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
 from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
@@ -173,16 +174,21 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
 
 
 def _from_stage(scanner: Scanner, stage) -> Finding:
-    """No known message: the stage the traceback stands in, or `unknown`, saying what the text lacks."""
+    """No known message: the words of a class in the error lines, the stage the traceback stands in, or `unknown`,
+    saying what the text lacks."""
     evidence = [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines]
-    missing = "the final exception line (the last lines of the traceback)" if scanner.frames else \
-        "a message oomguard knows"
-    if stage is None and scanner.engine_frames:
-        # every known message would have matched: an engine traceback without one is most often its own failure
+    cut = bool(scanner.frames) and scanner.exception_line <= scanner.last_frame_line   # ends inside the frames
+    missing = "the final exception line (the last lines of the traceback)" if cut else "a message oomguard knows"
+    worded = _from_words(scanner, stage, cut, evidence, missing)
+    if worded is not None:
+        return worded
+    if stage is None and scanner.engine_frames and cut:
+        # a memory, configuration or access failure would have shown a known message: without one, an engine
+        # traceback is most often the engine's own failure
         return Finding(FailureClass.ENGINE_BUG, 0.3,
-                       f"The traceback stops inside the engine's own code without {missing}; with no known "
-                       "message (every out-of-memory, configuration and access wording is known), the engine's own "
-                       "failure is the likeliest reading.", evidence,
+                       f"The traceback stops inside the engine's own code without {missing}; with no message "
+                       "oomguard knows (out-of-memory, configuration and access failures have known ones), the "
+                       "engine's own failure is the likeliest reading.", evidence,
                        [Fix("the exception names the cause", action="paste the last lines of the traceback to confirm"),
                         Fix("a crash inside the engine is often fixed upstream",
                             action="try the latest release of the engine")],
@@ -199,10 +205,45 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                    notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
 
 
+def _from_words(scanner: Scanner, stage, cut: bool, evidence: list, missing: str) -> Finding | None:
+    """No known message, but the error lines use a class's own terms (lexicon.py): that class, weakly, with the
+    other worded classes as alternatives. The traceback's stage counts as one more term for its classes; a traceback
+    cut inside the engine's own code, as one for the engine's failure."""
+    scores = {cls: (count, words) for cls, count, words in lexicon.read(t for _, _, t in scanner.error_lines)}
+    if not scores:
+        return None
+    memory = next((c for c in (stage.classes if stage else ()) if c.startswith("oom_")), None)
+    if FailureClass.OOM_RUNTIME in scores and memory and memory != FailureClass.OOM_RUNTIME:
+        scores[memory] = scores.pop(FailureClass.OOM_RUNTIME)   # memory words: the stage says which memory failure
+    bonus = {}
+    for rank, cls in enumerate(stage.classes if stage else ()):
+        bonus[cls] = 1.0 if rank == 0 else 0.5
+    if cut and scanner.engine_frames:
+        bonus[FailureClass.ENGINE_BUG] = bonus.get(FailureClass.ENGINE_BUG, 0) + 1.0
+    order = list(scores) + [c for c in bonus if c not in scores]   # terms first, then the stage's, then the engine
+    ranked = sorted(order, key=lambda c: (-(scores.get(c, (0, []))[0] + bonus.get(c, 0)), order.index(c)))
+    best = ranked[0]
+    words = scores.get(best, (0, []))[1]
+    said = f"its words ({', '.join(repr(w) for w in words[:3])}) are those of {best.replace('_', ' ')}" if words \
+        else f"the traceback stands in {stage.where}" if stage and best in stage.classes \
+        else "the traceback stops inside the engine's own code"
+    finding = Finding(best, round(min(0.3 + 0.05 * len(words), 0.45), 2),
+                      f"No failure message oomguard knows matched and the text lacks {missing}; {said}.", evidence,
+                      [Fix("the exact error names the cause", action="paste the log from the first ERROR or "
+                                                                     "Traceback to its end to confirm")],
+                      notes=["inferred from the words of the error lines, not from a known message"])
+    for cls in ranked[1:3]:
+        got = scores.get(cls, (0, []))[1]
+        finding.alternatives.append({"class": cls, "confidence": 0.2,
+                                     "why": f"the text also says {', '.join(repr(w) for w in got[:3])}" if got
+                                     else "the traceback's frames point there"})
+    return finding
+
+
 def _rank_alternatives(top: Finding, others: list[Finding], stage, evidence: dict | None = None) -> None:
     """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage,
     then the classes whose failures show the same symptom as the top one (those the text gives a sign of first)."""
-    seen = {top.cls}
+    seen = {top.cls} | {a["class"] for a in top.alternatives}
     for other in others:
         if other.cls not in seen and len(top.alternatives) < 3:
             seen.add(other.cls)

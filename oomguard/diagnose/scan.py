@@ -55,6 +55,8 @@ _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 # the engine's code failing
 _ENGINE_FILE = re.compile(r"(?:^|[/\\])(?:vllm|sglang|sgl_jax|llama_cpp|vllm_ascend)[/\\]")
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
+# the exception line a Python traceback ends with ("ValueError: ...", "torch.OutOfMemoryError: ...")
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)\b")
 
 
 def strip_prefix(text: str) -> str:
@@ -216,6 +218,8 @@ class Scanner:
         self._prev_raw = ""
         self.phase_hints: set[str] = set()
         self.engine_frames = 0   # traceback frames read in an engine's own package
+        self.last_frame_line = 0
+        self.exception_line = 0   # the line of the last exception line ("XError: ..."), after the frames or not
 
     # -- the pass ------------------------------------------------------------------------------------------
     def feed(self, number: int, text: str, source: str = "-") -> None:
@@ -229,6 +233,8 @@ class Scanner:
         self._prev = stripped[-TAIL:]
         if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
+            if _EXCEPTION.match(strip_prefix(text)):
+                self.exception_line = number
         if (not text.isascii() or _CONTROL.search(text)) and len(_BINARY.findall(text)) * 10 > len(text):
             # binary noise, not a log line: no message hides in it (a plain ASCII log line skips the count)
             self._prev, self._prev_raw = "", ""
@@ -249,6 +255,7 @@ class Scanner:
                     self._on_phase(payload)
                 elif kind == "frame":
                     self._on_frame(text, process)
+                    self.last_frame_line = number
                 elif kind == "phase_hint":
                     self.phase_hints.add(payload)
                 elif kind == "traceback":
