@@ -14,7 +14,7 @@ import re
 from oomguard.diagnose import lexicon
 from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
-from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
+from oomguard.diagnose.scan import SHORT_TEXT, ClassHits, OomEvent, Scanner
 from oomguard.engines.llamacpp import fixes as llamacpp
 from oomguard.engines.ollama import fixes as ollama
 from oomguard.engines.sglang import fixes as sglang
@@ -167,6 +167,13 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     stage = stage_of(scanner.frames)
     if not findings and (scanner.error_lines or stage):
         findings.append(_from_stage(scanner, stage))
+    elif not findings and scanner.lines <= SHORT_TEXT and scanner.head and \
+            not any(_LOG_LINE.match(t) for _, _, t in scanner.head):
+        # a short paste with no error word (an issue's title, a one-line summary): its words, if they name a class
+        worded = _from_words(scanner, None, False, [EvidenceLine(n, t, s) for s, n, t in scanner.head],
+                             "a message oomguard knows", lines=[t for _, _, t in scanner.head])
+        if worded is not None:
+            findings.append(worded)
     if findings:
         _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage,
                            _evidence_for(scanner, oom_numbers))
@@ -205,11 +212,19 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                    notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
 
 
-def _from_words(scanner: Scanner, stage, cut: bool, evidence: list, missing: str) -> Finding | None:
+# a log line (a level, a timestamp, a process prefix): a short text holding one is a log excerpt, whose words are a
+# configuration's, not a person's summary of a failure
+_LOG_LINE = re.compile(r"\s*(?:\(\w[\w ./-]* pid=\d+|\[?\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d|(?:INFO|DEBUG|WARNING|WARN|ERROR)\b"
+                       r"|[a-z_][a-z0-9_]*:\s)")   # the last: llama.cpp's "function: message" lines
+
+
+def _from_words(scanner: Scanner, stage, cut: bool, evidence: list, missing: str,
+                lines: list | None = None) -> Finding | None:
     """No known message, but the error lines use a class's own terms (lexicon.py): that class, weakly, with the
     other worded classes as alternatives. The traceback's stage counts as one more term for its classes; a traceback
     cut inside the engine's own code, as one for the engine's failure."""
-    scores = {cls: (count, words) for cls, count, words in lexicon.read(t for _, _, t in scanner.error_lines)}
+    lines = lines if lines is not None else [t for _, _, t in scanner.error_lines]
+    scores = {cls: (count, words) for cls, count, words in lexicon.read(lines)}
     if not scores:
         return None
     memory = next((c for c in (stage.classes if stage else ()) if c.startswith("oom_")), None)

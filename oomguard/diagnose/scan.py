@@ -41,6 +41,7 @@ MAX_PENDING = 32
 MAX_OOM_EVENTS = 16
 MAX_PROCESSES = 64
 TAIL = 160            # characters of the previous line a needle may start in
+SHORT_TEXT = 12       # a text of at most this many lines is a pasted summary: its words are read even without errors
 
 _PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+(?:, ip=[\w.:-]+)?\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
                      r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]|\[[\w ,:.-]*\]|[\w.-]+\s+\|(?=\s))\s*")
@@ -220,6 +221,7 @@ class Scanner:
         self.engine_frames = 0   # traceback frames read in an engine's own package
         self.last_frame_line = 0
         self.exception_line = 0   # the line of the last exception line ("XError: ..."), after the frames or not
+        self.head: list = []   # the first lines, kept only while the text is short (a pasted summary)
 
     # -- the pass ------------------------------------------------------------------------------------------
     def feed(self, number: int, text: str, source: str = "-") -> None:
@@ -231,6 +233,8 @@ class Scanner:
         joined = self._prev + " " + stripped
         boundary = len(self._prev) + 1
         self._prev = stripped[-TAIL:]
+        if stripped and len(self.head) < SHORT_TEXT:
+            self.head.append((source, number, text[:EVIDENCE_CHARS]))
         if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
             if _EXCEPTION.match(strip_prefix(text)):
