@@ -111,16 +111,18 @@ def _source_group(record: dict) -> str:
     return "vllm-project" if "vllm-project" in repo else "other repositories"
 
 
-# collected_c.jsonl was gathered after the rules were written and split in two: the odd ids' misses were read (and
-# rules written from them), the even ids never were. The even half is the out-of-sample figure.
-_NEVER_READ = "collected_c.jsonl"
+# collected_c.jsonl and collected_d.jsonl were gathered after the rules were written and split in two: the odd ids'
+# misses were read (and rules written from them), the even ids never were. The even halves are the out-of-sample
+# figures.
+_SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 
 
 def _read_group(record: dict) -> str | None:
-    if record["_file"] != _NEVER_READ:
+    if record["_file"] not in _SPLIT_FILES:
         return None
+    name = record["_file"].removesuffix(".jsonl")
     odd = int(str(record["id"]).rsplit("-", 1)[-1]) % 2 == 1
-    return "collected_c odd ids (misses read)" if odd else "collected_c even ids (never read)"
+    return f"{name} odd ids (misses read)" if odd else f"{name} even ids (never read)"
 
 
 def run_records(records: list[dict]) -> dict:

@@ -11,6 +11,18 @@ from oomguard.failures import FailureClass, Signature
 
 C = FailureClass   # short, for the tables below
 
+# A report that contrasts engine releases ("works in 0.8.1", "reverting to 0.1.29 fixed it", "a regression") points
+# at the engine: only its version changed. A release number is required, so "works with --enforce-eager" is not one.
+_RELEASE = r"(?:vllm|sglang|ollama|llama\.cpp|version|release|build)?[ =]*v?\d+\.\d+(?:\.\d+)?"
+_VERSION_CONTRAST = (r"\bregression\b|\bwork(?:s|ed|ing)?(?: (?:fine|well|ok|correctly|normally))? (?:in|with|on|under) "
+                     + _RELEASE + r"|\b(?:roll(?:ing|ed)? ?back|revert(?:ing|ed)?|downgrad(?:e|ed|ing)) (?:\w+ )?(?:to|from) "
+                     + _RELEASE + r"|\b(?:since|after|when) (?:upgrad|updat)\w* (?:\w+ )?(?:to|from) " + _RELEASE
+                     + r"|\bwork(?:s|ed|ing)?(?: (?:fine|well|ok))? (?:in|with|on) (?:the )?(?:previous|older|earlier|last) "
+                       r"(?:versions?|releases?)")
+_VERSION_CONTRAST_NEEDLES = ("regression", "works in", "worked in", "works with", "worked with", "works on",
+                             "worked on", "works fine", "worked fine", "working fine", "rolling back", "roll back",
+                             "rolled back", "rollback", "revert", "downgrad", "upgrad", "updat")
+
 SIGNATURES: tuple[Signature, ...] = (
     # --- out of memory (classified later by phase, frames and numbers) ---
     Signature("torch.oom", C.OOM_RUNTIME, "cuda out of memory", 0.8, "c10/cuda/CUDACachingAllocator.cpp", kind="oom"),
@@ -294,4 +306,9 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="An internal assertion failed."),
     Signature("py.not_implemented", C.ENGINE_BUG, "notimplementederror", 0.5, "Python", kind="bug",
               cause="A code path is not implemented for this configuration."),
+    *(Signature(f"prose.version_contrast.{i}", C.ENGINE_BUG, needle, 0.5, "a person's words", kind="hint",
+                require=True, pattern=_VERSION_CONTRAST,
+                cause="The same setup behaves differently on another release of the engine: a change in the "
+                      "engine (a regression or a fix), not only the configuration.")
+      for i, needle in enumerate(_VERSION_CONTRAST_NEEDLES)),
 )

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import re
 
+from oomguard.diagnose import lexicon
 from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
-from oomguard.diagnose.scan import ClassHits, OomEvent, Scanner
+from oomguard.diagnose.scan import SHORT_TEXT, ClassHits, OomEvent, Scanner
 from oomguard.engines.llamacpp import fixes as llamacpp
 from oomguard.engines.ollama import fixes as ollama
 from oomguard.engines.sglang import fixes as sglang
@@ -166,16 +167,39 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     stage = stage_of(scanner.frames)
     if not findings and (scanner.error_lines or stage):
         findings.append(_from_stage(scanner, stage))
+    elif not findings and scanner.lines <= SHORT_TEXT and scanner.head and \
+            not any(_LOG_LINE.match(t) for _, _, t in scanner.head):
+        # a short paste with no error word (an issue's title, a one-line summary): its words, if they name a class
+        worded = _from_words(scanner, None, False, [EvidenceLine(n, t, s) for s, n, t in scanner.head],
+                             "a message oomguard knows", lines=[t for _, _, t in scanner.head])
+        if worded is not None:
+            findings.append(worded)
     if findings:
-        _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage)
+        _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage,
+                           _evidence_for(scanner, oom_numbers))
     return findings
 
 
 def _from_stage(scanner: Scanner, stage) -> Finding:
-    """No known message: the stage the traceback stands in, or `unknown`, saying what the text lacks."""
+    """No known message: the words of a class in the error lines, the stage the traceback stands in, or `unknown`,
+    saying what the text lacks."""
     evidence = [EvidenceLine(n, t, s) for s, n, t in scanner.error_lines]
-    missing = "the final exception line (the last lines of the traceback)" if scanner.frames else \
-        "a message oomguard knows"
+    cut = bool(scanner.frames) and scanner.exception_line <= scanner.last_frame_line   # ends inside the frames
+    missing = "the final exception line (the last lines of the traceback)" if cut else "a message oomguard knows"
+    worded = _from_words(scanner, stage, cut, evidence, missing)
+    if worded is not None:
+        return worded
+    if stage is None and scanner.engine_frames and cut:
+        # a memory, configuration or access failure would have shown a known message: without one, an engine
+        # traceback is most often the engine's own failure
+        return Finding(FailureClass.ENGINE_BUG, 0.3,
+                       f"The traceback stops inside the engine's own code without {missing}; with no message "
+                       "oomguard knows (out-of-memory, configuration and access failures have known ones), the "
+                       "engine's own failure is the likeliest reading.", evidence,
+                       [Fix("the exception names the cause", action="paste the last lines of the traceback to confirm"),
+                        Fix("a crash inside the engine is often fixed upstream",
+                            action="try the latest release of the engine")],
+                       notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
     if stage is None:
         return Finding(FailureClass.UNKNOWN, 0.2, f"No known failure message matched, and the text lacks {missing}.",
                        evidence,
@@ -188,9 +212,53 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                    notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
 
 
-def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
-    """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage."""
-    seen = {top.cls}
+# a log line (a level, a timestamp, a process prefix): a short text holding one is a log excerpt, whose words are a
+# configuration's, not a person's summary of a failure
+_LOG_LINE = re.compile(r"\s*(?:\(\w[\w ./-]* pid=\d+|\[?\d{4}-\d\d-\d\d|\[?\d\d:\d\d:\d\d|(?:INFO|DEBUG|WARNING|WARN|ERROR)\b"
+                       r"|[a-z_][a-z0-9_]*:\s)")   # the last: llama.cpp's "function: message" lines
+
+
+def _from_words(scanner: Scanner, stage, cut: bool, evidence: list, missing: str,
+                lines: list | None = None) -> Finding | None:
+    """No known message, but the error lines use a class's own terms (lexicon.py): that class, weakly, with the
+    other worded classes as alternatives. The traceback's stage counts as one more term for its classes; a traceback
+    cut inside the engine's own code, as one for the engine's failure."""
+    lines = lines if lines is not None else [t for _, _, t in scanner.error_lines]
+    scores = {cls: (count, words) for cls, count, words in lexicon.read(lines)}
+    if not scores:
+        return None
+    memory = next((c for c in (stage.classes if stage else ()) if c.startswith("oom_")), None)
+    if FailureClass.OOM_RUNTIME in scores and memory and memory != FailureClass.OOM_RUNTIME:
+        scores[memory] = scores.pop(FailureClass.OOM_RUNTIME)   # memory words: the stage says which memory failure
+    bonus = {}
+    for rank, cls in enumerate(stage.classes if stage else ()):
+        bonus[cls] = 1.0 if rank == 0 else 0.5
+    if cut and scanner.engine_frames:
+        bonus[FailureClass.ENGINE_BUG] = bonus.get(FailureClass.ENGINE_BUG, 0) + 1.0
+    order = list(scores) + [c for c in bonus if c not in scores]   # terms first, then the stage's, then the engine
+    ranked = sorted(order, key=lambda c: (-(scores.get(c, (0, []))[0] + bonus.get(c, 0)), order.index(c)))
+    best = ranked[0]
+    words = scores.get(best, (0, []))[1]
+    said = f"its words ({', '.join(repr(w) for w in words[:3])}) are those of {best.replace('_', ' ')}" if words \
+        else f"the traceback stands in {stage.where}" if stage and best in stage.classes \
+        else "the traceback stops inside the engine's own code"
+    finding = Finding(best, round(min(0.3 + 0.05 * len(words), 0.45), 2),
+                      f"No failure message oomguard knows matched and the text lacks {missing}; {said}.", evidence,
+                      [Fix("the exact error names the cause", action="paste the log from the first ERROR or "
+                                                                     "Traceback to its end to confirm")],
+                      notes=["inferred from the words of the error lines, not from a known message"])
+    for cls in ranked[1:3]:
+        got = scores.get(cls, (0, []))[1]
+        finding.alternatives.append({"class": cls, "confidence": 0.2,
+                                     "why": f"the text also says {', '.join(repr(w) for w in got[:3])}" if got
+                                     else "the traceback's frames point there"})
+    return finding
+
+
+def _rank_alternatives(top: Finding, others: list[Finding], stage, evidence: dict | None = None) -> None:
+    """Up to three other classes the text supports, most likely first: other findings, then the traceback's stage,
+    then the classes whose failures show the same symptom as the top one (those the text gives a sign of first)."""
+    seen = {top.cls} | {a["class"] for a in top.alternatives}
     for other in others:
         if other.cls not in seen and len(top.alternatives) < 3:
             seen.add(other.cls)
@@ -201,6 +269,90 @@ def _rank_alternatives(top: Finding, others: list[Finding], stage) -> None:
             seen.add(cls)
             top.alternatives.append({"class": cls, "confidence": 0.2,
                                      "why": f"the traceback stands in {stage.where}"})
+    evidence = evidence or {}
+    look_alikes = SHARED_SYMPTOM.get(top.cls, ())
+    # a look-alike the text gives a sign of goes first; otherwise the table's order (the likelier cause first)
+    ranked = sorted(enumerate(look_alikes), key=lambda item: (item[1][0] not in evidence, item[0]))
+    for _, (cls, why) in ranked:
+        if top.cls == FailureClass.UNKNOWN and cls not in evidence:
+            continue   # nothing matched: offer only what the text itself gives a sign of
+        if cls not in seen and len(top.alternatives) < 3:
+            seen.add(cls)
+            sign = evidence.get(cls)
+            top.alternatives.append({"class": cls, "confidence": 0.15 if sign else 0.1,
+                                     "why": f"{why}; the text {sign}" if sign else why})
+
+
+C = FailureClass
+# What else a failure's symptom can mean: the classes whose failures print the same message, read from how each
+# failure arises (not from any report). An allocator's out-of-memory reads the same whichever stage asked for the
+# memory, or when another process holds it; a cache that cannot be sized reads the same whether the model or another
+# process took the memory; a model that cannot be opened reads the same when the network, the file's format or a
+# release too old for it is at fault. Most likely first.
+SHARED_SYMPTOM: dict[str, tuple[tuple[str, str], ...]] = {
+    C.OOM_RUNTIME: ((C.OOM_PROFILING_OR_GRAPH, "the same allocator error ends the startup profile run or graph "
+                                                "capture"),
+                    (C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                    (C.ENGINE_BUG, "an engine that misjudges its own memory needs fails the same way"),
+                    (C.OOM_WEIGHTS_LOAD, "the same allocator error ends a model load that does not fit")),
+    C.OOM_PROFILING_OR_GRAPH: ((C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                               (C.OOM_WEIGHTS_LOAD, "the same allocator error ends a model load that does not fit"),
+                               (C.ENGINE_BUG, "an engine that under-reserves for its own profiling or graphs fails "
+                                              "the same way"),
+                               (C.OOM_RUNTIME, "the same allocator error ends a serving step")),
+    C.OOM_WEIGHTS_LOAD: ((C.GPU_MEMORY_IN_USE, "memory another process holds makes the same error"),
+                         (C.OOM_PROFILING_OR_GRAPH, "the same allocator error ends the startup profile run"),
+                         (C.OOM_RUNTIME, "the same allocator error ends a serving step")),
+    C.GPU_MEMORY_IN_USE: ((C.OOM_PROFILING_OR_GRAPH, "the engine's own startup peak can leave the same shortfall"),
+                          (C.OOM_WEIGHTS_LOAD, "a model larger than the GPU leaves the same shortfall"),
+                          (C.ENGINE_BUG, "an engine that miscounts free memory reports the same")),
+    C.NO_CACHE_BLOCKS: ((C.GPU_MEMORY_IN_USE, "memory another process holds leaves no room for the cache too"),
+                        (C.KV_CACHE_TOO_SMALL, "a cache too small for the context is the same shortage"),
+                        (C.ENGINE_BUG, "an engine that miscounts its memory leaves the same nothing")),
+    C.KV_CACHE_TOO_SMALL: ((C.NO_CACHE_BLOCKS, "the same shortage, with no room left at all"),
+                           (C.GPU_MEMORY_IN_USE, "memory another process holds shrinks the cache the same way"),
+                           (C.CONTEXT_TOO_LONG, "a request longer than the context reads alike")),
+    C.CONTEXT_TOO_LONG: ((C.KV_CACHE_TOO_SMALL, "a cache smaller than the context rejects long requests too"),
+                         (C.TOKENIZER_CHAT_TEMPLATE, "a template that inflates the prompt makes the same excess")),
+    C.TOKENIZER_CHAT_TEMPLATE: ((C.ENGINE_BUG, "a template the engine renders wrongly fails the same way"),
+                                (C.MODEL_ACCESS, "a tokenizer that cannot be fetched fails the same way")),
+    C.MODEL_ACCESS: ((C.CONNECTION, "a network that cannot reach the model store fails the same way"),
+                     (C.ENGINE_BUG, "a release that predates the model or its format fails to open it alike"),
+                     (C.QUANTIZATION_MISMATCH, "a checkpoint in a format the loader does not expect fails alike")),
+    C.CONNECTION: ((C.ENGINE_BUG, "a server that crashed or never started answers the same way"),
+                   (C.MODEL_ACCESS, "a model store that cannot be reached fails the same way")),
+    C.QUANTIZATION_MISMATCH: ((C.DTYPE_CAPABILITY, "a GPU without the kernels for the format fails alike"),
+                              (C.ENGINE_BUG, "a release that mishandles the format fails alike"),
+                              (C.TP_MISCONFIG, "quantized shapes that do not split over the GPUs fail alike")),
+    C.DTYPE_CAPABILITY: ((C.QUANTIZATION_MISMATCH, "a quantization the GPU lacks kernels for fails alike"),
+                         (C.ENGINE_BUG, "a build without kernels for this GPU fails alike")),
+    C.TP_MISCONFIG: ((C.NCCL, "the GPUs failing to talk stops the same parallel setup"),
+                     (C.QUANTIZATION_MISMATCH, "quantized weights that do not split fail alike")),
+    C.NCCL: ((C.TP_MISCONFIG, "a parallel layout the GPUs cannot hold fails the same setup"),
+             (C.ENGINE_BUG, "a crash in one rank leaves the others waiting the same way")),
+    C.ENGINE_BUG: ((C.OOM_RUNTIME, "a crash while serving is often memory running out"),),
+    C.UNKNOWN: ((C.ENGINE_BUG, "a traceback inside the engine with no known message is most often its own crash"),),
+}
+
+
+def _evidence_for(scanner: Scanner, oom_numbers: dict) -> dict:
+    """Signs in the text of each look-alike class (class -> a few words on what was seen), from what the scan kept:
+    weak hits, the phases the log went through, words that place the failure, and the out-of-memory numbers."""
+    signs: dict = {}
+    for cls, hits in scanner.classes.items():
+        signs.setdefault(cls, f"also has {hits.best.id if hits.best else cls} ({hits.evidence.count} line(s))")
+    phases = scanner.phase_seen | scanner.phase_hints
+    if phases & {"loading"}:
+        signs.setdefault(C.OOM_WEIGHTS_LOAD, "shows the weights loading")
+    if phases & {"weights_loaded", "profiled", "capturing", "startup"}:
+        signs.setdefault(C.OOM_PROFILING_OR_GRAPH, "shows startup profiling or graph capture")
+    if phases & {"ready", "serving"}:
+        signs.setdefault(C.OOM_RUNTIME, "shows the server serving")
+    if oom_numbers.get("other_total_gib") or oom_numbers.get("other_processes_gib"):
+        signs.setdefault(C.GPU_MEMORY_IN_USE, "lists other processes on the GPU")
+    if scanner.engine_frames:
+        signs.setdefault(C.ENGINE_BUG, "stops inside the engine's own code")
+    return signs
 
 
 # engines whose own messages bring their own fixes; vLLM's are the default (its flags are the users' usual ones)

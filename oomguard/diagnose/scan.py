@@ -41,6 +41,7 @@ MAX_PENDING = 32
 MAX_OOM_EVENTS = 16
 MAX_PROCESSES = 64
 TAIL = 160            # characters of the previous line a needle may start in
+SHORT_TEXT = 12       # a text of at most this many lines is a pasted summary: its words are read even without errors
 
 _PREFIX = re.compile(r"^\s*(?:\((?:[\w. /-]+?) pid=\d+(?:, ip=[\w.:-]+)?\)|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL)\s+\d\d-\d\d "
                      r"\d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\]|\[[\w ,:.-]*\]|[\w.-]+\s+\|(?=\s))\s*")
@@ -51,7 +52,12 @@ _ERROR_WORDS = re.compile(r"rror|xception|fail|traceback|\bhang|stuck|file \"|ca
 _BINARY = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f\ufffd]")   # control characters, undecodable bytes
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f]")
 _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
+# a frame in an engine's own package (vLLM, SGLang, llama-cpp-python): a traceback there with no known message is
+# the engine's code failing
+_ENGINE_FILE = re.compile(r"(?:^|[/\\])(?:vllm|sglang|sgl_jax|llama_cpp|vllm_ascend)[/\\]")
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
+# the exception line a Python traceback ends with ("ValueError: ...", "torch.OutOfMemoryError: ...")
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)\b")
 
 
 def strip_prefix(text: str) -> str:
@@ -212,6 +218,10 @@ class Scanner:
         self._prev = ""
         self._prev_raw = ""
         self.phase_hints: set[str] = set()
+        self.engine_frames = 0   # traceback frames read in an engine's own package
+        self.last_frame_line = 0
+        self.exception_line = 0   # the line of the last exception line ("XError: ..."), after the frames or not
+        self.head: list = []   # the first lines, kept only while the text is short (a pasted summary)
 
     # -- the pass ------------------------------------------------------------------------------------------
     def feed(self, number: int, text: str, source: str = "-") -> None:
@@ -223,8 +233,12 @@ class Scanner:
         joined = self._prev + " " + stripped
         boundary = len(self._prev) + 1
         self._prev = stripped[-TAIL:]
+        if stripped and len(self.head) < SHORT_TEXT:
+            self.head.append((source, number, text[:EVIDENCE_CHARS]))
         if stripped and _ERROR_WORDS.search(lower):
             self.error_lines.append((source, number, text[:EVIDENCE_CHARS]))
+            if _EXCEPTION.match(strip_prefix(text)):
+                self.exception_line = number
         if (not text.isascii() or _CONTROL.search(text)) and len(_BINARY.findall(text)) * 10 > len(text):
             # binary noise, not a log line: no message hides in it (a plain ASCII log line skips the count)
             self._prev, self._prev_raw = "", ""
@@ -245,6 +259,7 @@ class Scanner:
                     self._on_phase(payload)
                 elif kind == "frame":
                     self._on_frame(text, process)
+                    self.last_frame_line = number
                 elif kind == "phase_hint":
                     self.phase_hints.add(payload)
                 elif kind == "traceback":
@@ -334,6 +349,8 @@ class Scanner:
             func = match.group("func")
             if "file" in match.groupdict() and startup_log.HTTP_CLIENT_FILES.search(match.group("file")):
                 func = startup_log.HTTP_CLIENT_FRAME
+            elif "file" in match.groupdict() and _ENGINE_FILE.search(match.group("file")):
+                self.engine_frames += 1
             self._frames_for(process).append(func)
             if process != "*":
                 self._frames_for("*").append(func)

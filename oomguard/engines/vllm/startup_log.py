@@ -132,6 +132,7 @@ WEIGHT_FRAMES = frozenset({
     "weight_loader", "create_weights", "load_weights_and_postprocess", "_process_weights_after_loading",
     "process_weights_after_loading", "safetensors_weights_iterator", "download_model", "_prepare_weights",
     "default_weight_loader", "init_device_memory_and_load_model",
+    "make_layers",   # model_executor/models/utils.py: builds (and allocates) the decoder layers at model init
 })
 PROFILE_FRAMES = frozenset({
     "profile_run", "_dummy_run", "_dummy_sampler_run", "_dummy_pooler_run", "determine_available_memory",
@@ -145,6 +146,7 @@ RUNTIME_FRAMES = frozenset({
     "execute_model", "step", "step_with_batch_queue", "_process_engine_step", "run_busy_loop", "sample",
     "_sample", "sample_tokens", "_prepare_inputs", "execute_model_async", "_execute_model", "_model_forward",
     "compute_logits", "_run_engine", "generate",
+    "engine_step", "step_async", "run_engine_loop",   # engine/async_llm_engine.py: V0's serving loop
 })
 
 
@@ -186,7 +188,9 @@ STAGES: tuple[Stage, ...] = (
           (FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.ENGINE_BUG), PROFILE_FRAMES),
     Stage("model loading",
           (FailureClass.OOM_WEIGHTS_LOAD, FailureClass.QUANTIZATION_MISMATCH, FailureClass.MODEL_ACCESS), WEIGHT_FRAMES),
-    Stage("a serving step", (FailureClass.OOM_RUNTIME, FailureClass.ENGINE_BUG), RUNTIME_FRAMES),
+    # a stage is read only when no message matched, and every out-of-memory wording is known: a serving step that
+    # failed without one is likelier the engine's own crash than memory
+    Stage("a serving step", (FailureClass.ENGINE_BUG, FailureClass.OOM_RUNTIME), RUNTIME_FRAMES),
     Stage("the HTTP client's request", (FailureClass.CONNECTION,), frozenset({HTTP_CLIENT_FRAME})),
 )
 
