@@ -242,3 +242,12 @@ def test_random_bytes_never_make_an_out_of_memory_finding():
         data = bytes(rnd.getrandbits(8) for _ in range(2_000_000))
         d = diagnose_sources([("noise", io.BytesIO(data))], use_planner=False)
         assert not [f for f in d.findings if f.cls.startswith("oom_")], [f.cls for f in d.findings]
+
+
+def test_random_letters_name_no_library():
+    """Random words hold "nccl" or "oom" among their letters by chance; a library is named by its name."""
+    import string
+    rnd = random.Random(5)
+    text = "".join(rnd.choice(string.ascii_letters + " \n") for _ in range(1_500_000))
+    d = diagnose_sources([("letters", io.BytesIO(text.encode()))], use_planner=False)
+    assert not [f for f in d.findings if f.cls in ("nccl",) or f.cls.startswith("oom_")], [f.cls for f in d.findings]

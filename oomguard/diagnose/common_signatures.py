@@ -79,7 +79,8 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("generic.hang", C.NCCL, "hang", 0.5, "a hang at multi-GPU initialisation (counted only with TP/PP > 1)",
               kind="hint", require=True, pattern=r"\bhang(?:s|ing)?\b|\bhung\b",
               cause="The server hangs while the GPUs set up communication: usually NCCL peer-to-peer."),
-    Signature("nccl.mention", C.NCCL, C.NCCL, 0.3, "NCCL", kind="hint", cause="NCCL is involved."),
+    Signature("nccl.mention", C.NCCL, C.NCCL, 0.3, "NCCL", kind="hint", cause="NCCL is involved.", require=True,
+              pattern=r"(?-i:NCCL(?![a-z])|(?<![A-Za-z])nccl(?![A-Za-z]))"),   # the name, not four letters in a word
     Signature("dist.timeout", C.NCCL, "timed out in dist_init", 0.6, "torch.distributed", kind="hint",
               cause="Distributed initialisation timed out."),
     Signature("bus.error", C.NCCL, "bus error", 0.55, "SIGBUS, typically /dev/shm exhausted", kind="hint",
