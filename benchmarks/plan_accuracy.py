@@ -213,6 +213,8 @@ def load_records(paths, date_versions: bool = True) -> list[dict]:
         for line in Path(path).read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
+                if r.get("duplicate_of"):   # the same log collected twice: scored once
+                    continue
                 if not r.get("vllm_version") and r["id"] in inferred:
                     r = {**r, "vllm_version": inferred[r["id"]]["version"], "version_inferred": inferred[r["id"]]["why"]}
                 if r["id"] in gpus:
