@@ -7,12 +7,11 @@ The directory: `--state-dir DIR`, else $OOMGUARD_STATE_DIR; none, nothing is rea
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from pathlib import Path
 
 from oomguard.engines.vllm.measured import MeasuredFigures, setup_key
+from oomguard.jsonfile import read_object, write_object
 
 STATE_DIR_ENV = "OOMGUARD_STATE_DIR"
 FIGURES_FILE = "measured-figures.json"
@@ -30,26 +29,15 @@ class MeasuredStore:
         self.dir = Path(directory)
         self.file = self.dir / FIGURES_FILE
 
-    def _load(self) -> dict:
-        try:
-            data = json.loads(self.file.read_text())
-        except (OSError, ValueError):
-            return {}    # none kept yet, or a damaged file: plan from the estimates
-        return data if isinstance(data, dict) else {}
-
     def get(self, key: str) -> MeasuredFigures | None:
-        entry = self._load().get(key)
+        entry = read_object(self.file).get(key)   # none kept yet, or a damaged file: plan from the estimates
         return MeasuredFigures.from_dict(entry["figures"]) if isinstance(entry, dict) and \
             isinstance(entry.get("figures"), dict) else None
 
     def put(self, key: str, setup: dict, figures: MeasuredFigures) -> None:
-        data = self._load()
+        data = read_object(self.file)
         data[key] = {"setup": setup, "figures": figures.to_dict()}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".measured-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, self.file)
+        write_object(self.file, data)
 
 
 def key_of(report) -> str:

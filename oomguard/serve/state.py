@@ -3,12 +3,12 @@ configuration that started (per engine command) across runs."""
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from oomguard.jsonfile import read_object, write_object
 
 STATES = ("planning", "starting", "ready", "restarting", "draining", "stopped", "gave_up")
 STATE_FILE = "serve-state.json"
@@ -49,11 +49,7 @@ class StateDir:
         self.file = self.dir / STATE_FILE
 
     def load(self) -> dict:
-        try:
-            data = json.loads(self.file.read_text())
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        return read_object(self.file)
 
     def last_good(self, key: str) -> dict | None:
         entry = self.load().get("last_good", {}).get(key)
@@ -64,8 +60,4 @@ class StateDir:
         if good_flags is not None:
             data.setdefault("last_good", {})[key] = {"flags": good_flags, "at": time.time()}
         data["restarts"] = [r.to_dict() for r in restarts]
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".serve-state-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, default=str)
-        os.replace(tmp, self.file)
+        write_object(self.file, data)
