@@ -452,3 +452,26 @@ def test_a_closed_loop_queue_is_judged_only_when_samples_catch_the_server_runnin
     assert shortfalls(st, too_fast) == []
     queued = [MetricPoint(t=0.5 * i, running=1.0, waiting=3.0) for i in range(8)]
     assert any("ran at most 1" in why for why in shortfalls(st, queued))
+
+
+def test_requests_waiting_a_step_on_their_way_in_are_no_queue_where_the_engine_times_its_queue():
+    """Two requests kept out, each a few milliseconds: every sample shows one running and one waiting. vLLM's queue
+    timer tells the two apart: a step's wait on the way in (a tenth of a request's time) is no queue; a request's
+    whole time behind another is."""
+    from oomguard.loadtest.client import RequestResult
+    from oomguard.loadtest.report import shortfalls
+    from oomguard.loadtest.runner import StageState
+    from oomguard.loadtest.sampler import MetricPoint
+    from oomguard.loadtest.shapes import Load
+
+    st = StageState(index=0, load=Load("concurrency", 2), t_start=0.0, deadline=4.0, cap=2)
+    st.results = [RequestResult(start=0.002 * i, end=0.002 * i + 0.002, ok=True) for i in range(2000)]
+
+    def points(queue_seconds_each: float):
+        return [MetricPoint(t=0.5 * i, running=1.0, waiting=1.0, queue_seconds_count=250.0 * i,
+                            queue_seconds_sum=250.0 * i * queue_seconds_each) for i in range(8)]
+
+    assert shortfalls(st, points(0.0002)) == []
+    assert any("kept 1 requests waiting" in why for why in shortfalls(st, points(0.002)))
+    untimed = [MetricPoint(t=0.5 * i, running=1.0, waiting=1.0) for i in range(8)]   # llama-server: no timer
+    assert any("kept 1 requests waiting" in why for why in shortfalls(st, untimed))

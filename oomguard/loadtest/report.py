@@ -168,7 +168,10 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
         out.append(f"the server ran at most {max(running):.0f} of the {st.load.value:g} requests sent at once")
         return out
     # the gauge is sampled every 0.5 s and a request waits a step or two on its way in: only a queue seen in most
-    # samples, and at the end, is one
+    # samples, and at the end, is one; and where the engine times its queue, only one whose requests waited a good
+    # part of a request's time (behind another request, not for the next step)
+    if _on_their_way_in(st, points):
+        return out
     waiting = [p.waiting for p in points if getattr(p, "waiting", None) is not None]
     if len(waiting) >= 4:
         third = max(2, len(waiting) // 3)
@@ -180,6 +183,20 @@ def shortfalls(st: StageState, points: list = ()) -> list[str]:
     elif waiting and sum(waiting) / len(waiting) >= 1.5:   # a short stage: only a queue in every sample tells
         out.append(f"the server had about {sum(waiting) / len(waiting):.0f} requests waiting throughout")
     return out
+
+
+def _on_their_way_in(st: StageState, points: list) -> bool:
+    """The engine's own queue timer (vLLM's request_queue_time_seconds) says the stage's requests waited less than a
+    quarter of a request's time on average: the waiting requests its gauge showed were between two steps, not
+    behind other requests."""
+    timed = [p for p in points if getattr(p, "queue_seconds_count", None) is not None
+             and getattr(p, "queue_seconds_sum", None) is not None]
+    if len(timed) < 2 or timed[-1].queue_seconds_count <= timed[0].queue_seconds_count:
+        return False
+    queued = (timed[-1].queue_seconds_sum - timed[0].queue_seconds_sum) / \
+        (timed[-1].queue_seconds_count - timed[0].queue_seconds_count)
+    took = sorted(r.end - r.start for r in st.results if r.ok)
+    return bool(took) and queued < 0.25 * took[len(took) // 2]
 
 
 def _in_flight_at(st: StageState, t: float) -> int:

@@ -24,6 +24,9 @@ class MetricPoint:
     waiting: float | None = None
     waiting_capacity: float | None = None   # of `waiting`: for KV blocks or a slot (vLLM's by-reason split)
     preemptions_total: float | None = None
+    # the engine's time-in-queue histogram (vLLM's request_queue_time_seconds), its running sum and count
+    queue_seconds_sum: float | None = None
+    queue_seconds_count: float | None = None
     gpu_used_bytes: int | None = None
     gpu_total_bytes: int | None = None
 
@@ -124,6 +127,7 @@ class MetricsSampler:
                 point.waiting = sample.waiting
                 point.waiting_capacity = sample.waiting_capacity
                 point.preemptions_total = sample.preemptions_total
+                point.queue_seconds_sum, point.queue_seconds_count = sample.queue_seconds_sum, sample.queue_seconds_count
         if self._gpu is not None:
             got = await asyncio.to_thread(self._gpu)
             if got:
