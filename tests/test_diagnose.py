@@ -592,3 +592,25 @@ def test_an_oom_logged_by_a_request_handler_happened_while_serving():
 ])
 def test_truncated_and_described_failures(text, cls):
     assert top(text)[0].cls.value == cls
+
+
+STARTUP = [
+    "INFO 04-22 00:22:20 [api_server.py:1395] vLLM API server version 0.19.0",
+    "(EngineCore pid=242) INFO 04-22 00:22:33 [gpu_model_runner.py:4820] Starting to load model m/x...",
+    "(EngineCore pid=242) INFO 04-22 00:22:42 [gpu_model_runner.py:4820] Model loading took 8.14 GiB memory and 8.8 "
+    "seconds",
+    "(EngineCore pid=242) INFO 04-22 00:22:50 [gpu_worker.py:338] Available KV cache memory: 58.11 GiB",
+    "(EngineCore pid=242) INFO 04-22 00:22:51 [kv_cache_utils.py:1087] GPU KV cache size: 952,064 tokens",
+    "(APIServer pid=1) INFO:     Application startup complete.",
+]
+
+
+def test_a_startup_log_that_stops_without_an_error_is_no_all_clear():
+    """An engine killed from outside (the kernel's OOM killer, a container's limit) prints nothing: a log that
+    stops while starting is not a healthy one."""
+    stopped = diagnose_text("\n".join(STARTUP[:3]), use_planner=False)
+    (finding,) = stopped.findings
+    assert finding.cls == "unknown" and "killed from outside" in finding.summary
+    assert any("dmesg" in (f.action or "") for f in finding.fixes)
+    assert finding.evidence and "Model loading took" in finding.evidence[0].text
+    assert diagnose_text("\n".join(STARTUP), use_planner=False).findings == []    # it came up: nothing to say

@@ -174,10 +174,34 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
                              "a message oomguard knows", lines=[t for _, _, t in scanner.head])
         if worded is not None:
             findings.append(worded)
+    if not findings and scanner.phase in _STARTING:
+        findings.append(_stopped_while_starting(scanner))
     if findings:
         _rank_alternatives(findings[0], [f for w, _, f, _ in scored if f is not findings[0] and w > 0.05], stage,
                            _evidence_for(scanner, oom_numbers))
     return findings
+
+
+# the startup phases (engines/vllm/startup_log.py, engines/llamacpp/signatures.py) an engine's log can stop in
+# without saying the server is up
+_STARTING = {"loading": "loading the model's weights", "weights_loaded": "after loading the weights, before or during "
+             "the memory profile", "profiled": "after sizing the KV cache", "capturing": "while capturing CUDA graphs"}
+
+
+def _stopped_while_starting(scanner: Scanner) -> Finding:
+    """An engine log with no error that stops before the server was up: still starting, or a process killed from
+    outside, which prints nothing (the kernel's OOM killer, a container's memory limit: exit 137)."""
+    where = _STARTING[scanner.phase]
+    last = [EvidenceLine(n, t, s) for s, n, t in [scanner.phase_line]] if scanner.phase_line else []
+    return Finding(FailureClass.UNKNOWN, 0.25,
+                   f"The log stops {where}, with no error and without the server coming up: the engine may still "
+                   "have been starting, or was killed from outside, which leaves no message (the kernel's OOM "
+                   "killer when host RAM runs out, a container's memory limit: exit code 137).", last,
+                   [Fix("a process killed for host memory is in the kernel log",
+                        action="check `dmesg -T | grep -i -E 'killed process|out of memory'` and the container's "
+                               "exit code (137: killed)"),
+                    Fix("the rest of the log says whether it came up", action="paste the log to its last line")],
+                   notes=[f"the last startup phase seen: {scanner.phase}"])
 
 
 def _from_stage(scanner: Scanner, stage) -> Finding:

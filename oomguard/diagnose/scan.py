@@ -211,6 +211,7 @@ class Scanner:
         self.fact_lines: dict[str, tuple[str, int]] = {}
         self.phase = "start"
         self.phase_seen: set[str] = set()
+        self.phase_line: tuple | None = None   # (source, number, text) of the last startup-phase line
         self.engines: set[str] = set()
         self.error_lines: deque = deque(maxlen=6)
         self._frames: dict[str, deque] = {}
@@ -257,6 +258,7 @@ class Scanner:
                     self._on_fact(payload, number, text, source)
                 elif kind == "phase":
                     self._on_phase(payload)
+                    self.phase_line = (source, number, text[:EVIDENCE_CHARS])
                 elif kind == "frame":
                     self._on_frame(text, process)
                     self.last_frame_line = number
