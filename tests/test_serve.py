@@ -411,6 +411,8 @@ def test_status_metrics_export_the_proxys_admission_gauges_for_an_endpoint_picke
     assert 0 < got[(metric_names.KV_HEADROOM_TOKENS, labels)] <= 0.90 * capacity
     # the same names, labels and values as the proxy's own /metrics (idle: nothing moves between the reads)
     assert _gauges(s.url) == _gauges(s.status_url)
+    assert s.status()["engine_admission"] == {"admit": 1.0, "kv_capacity_tokens": capacity,
+                                              "kv_headroom_tokens": got[(metric_names.KV_HEADROOM_TOKENS, labels)]}
 
 
 def test_gives_up_after_max_restarts_with_the_story(serve):

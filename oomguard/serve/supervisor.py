@@ -427,10 +427,17 @@ class Supervisor:
                 "engine_pid": self.proc.pid if self.proc is not None and self.proc.returncode is None else None,
                 "proxy_url": self.proxy_url, "uptime_s": round(time.time() - self.started_at, 1),
                 "restarts": [r.to_dict() for r in self.restarts], "requests": dict(self.last_requests),
-                "queue_length": self.queue_length,
+                "queue_length": self.queue_length, "engine_admission": self._admission(),
                 "gpu_memory": [{**g, "used_fraction": round(g["used_bytes"] / g["total_bytes"], 4)
                                 if g["total_bytes"] else None} for g in self.gpu],
                 "gpu_alert_at": self.config.alert_at, "max_restarts": self.config.max_restarts}
+
+    def _admission(self) -> dict:
+        """The proxy's view of the engine from its /metrics polls: admit (1 open, 0 paused), KV headroom and
+        capacity in tokens (proxy/metric_names.py)."""
+        short = {metric_names.ADMIT: "admit", metric_names.KV_HEADROOM_TOKENS: "kv_headroom_tokens",
+                 metric_names.KV_CAPACITY_TOKENS: "kv_capacity_tokens"}
+        return {short[name]: samples[0][1] for name, samples in self.engine_gauges.items() if samples}
 
     async def _serve_status(self):
         from aiohttp import web
