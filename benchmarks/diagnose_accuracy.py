@@ -115,9 +115,14 @@ def _source_group(record: dict) -> str:
 # misses were read (and rules written from them), the even ids never were. The even halves are the out-of-sample
 # figures.
 _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
+# collected_e.jsonl is a fresh holdout (issue 16, second round): collected before any change of that round, scored
+# once as the baseline and once at the end; no record of it was read while changing the rules.
+_FRESH_FILES = ("collected_e.jsonl",)
 
 
 def _read_group(record: dict) -> str | None:
+    if record["_file"] in _FRESH_FILES:
+        return f"{record['_file'].removesuffix('.jsonl')} (fresh, never read)"
     if record["_file"] not in _SPLIT_FILES:
         return None
     name = record["_file"].removesuffix(".jsonl")
