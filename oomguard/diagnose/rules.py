@@ -3,8 +3,9 @@
 Ranking: a class's score is the weight of its most specific message (an exact vLLM error text outranks a
 library error, which outranks a keyword hint); an out-of-memory error is placed by its traceback frames, then by
 the startup phase it happened in, and counted as `gpu_memory_in_use` when the message shows other processes
-holding the memory. Consequences do not outrank causes: client connection errors after a server-side failure,
-and a generic internal assertion next to a specific configuration error, are ranked lower.
+holding the memory, or as the startup profile run when its one allocation is larger than any weight tensor.
+Consequences do not outrank causes: client connection errors after a server-side failure, and a generic symptom
+(a bare assertion, a plea for a bug report) next to a message naming a specific cause, are ranked lower.
 """
 
 from __future__ import annotations
@@ -90,11 +91,23 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.6, "the traceback is in a model forward pass outside any " \
                                                          "serving step " \
                                              "(the startup profile run)"
+    tried = n.get("tried_gib") or 0.0
+    if tried >= _ACTIVATION_GIB and "tried to allocate" in text:
+        # PyTorch allocates weights tensor by tensor (the largest, an embedding, is 1-2 GiB); one request for more
+        # is an activation of a full-size batch, which vLLM runs first in its startup profile
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.6, f"a single {tried:.2f} GiB allocation is larger than a " \
+                                                         "weight tensor: an activation of the startup profile run"
     self_gib = n.get("self_gib")
     if total and self_gib and self_gib >= 0.8 * total:
         return FailureClass.OOM_RUNTIME, 0.55, "the process already held most of the GPU"
     return FailureClass.OOM_RUNTIME, 0.5, "the log does not show where it happened"
 
+
+# the size from which one PyTorch allocation is an activation rather than a weight tensor: the largest dense weight
+# tensors are the embedding and LM head (vocab x hidden x 2 bytes: 152k x 8192 is 2.3 GiB; most are under 2). The
+# fused expert tensors of the largest MoE models can be larger; such an error is only placed here when no frame,
+# phase or word placed it.
+_ACTIVATION_GIB = 3.0
 
 # the module in a vLLM log line's prefix ("ERROR 02-11 08:25:49 [serving_chat.py:661]"): the OpenAI server's request
 # handlers (entrypoints/openai/serving_*.py) run only while serving
@@ -133,8 +146,11 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     world = (facts.get("tensor_parallel_size") or 1) * (facts.get("pipeline_parallel_size") or 1)
     if hang is not None and set(hang.signatures) == {"generic.hang"} and world <= 1:
         del classes[FailureClass.NCCL]  # a hang on one GPU is not a communication problem
+    generic: set = set()   # classes whose evidence is only a symptom any failure can print
     for cls in list(classes) + ([oom_class] if oom_class and oom_class not in classes else []):
         hits = classes.get(cls)
+        if hits and hits.signatures and set(hits.signatures) <= GENERIC_SYMPTOMS:
+            generic.add(cls)
         weight = hits.weight if hits else 0.0
         numbers = dict(hits.numbers) if hits else {}
         extra = []
@@ -158,7 +174,7 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
 
     if not scanner.error_lines:  # keyword hints alone, in a log without a single error line, are not findings
         scored = [s for s in scored if s[3] != "hint"]
-    scored = _precedence(scored)
+    scored = _precedence(scored, generic)
     _known_regressions(scored, facts)
     scored.sort(key=lambda s: (-s[0], s[1]))
     findings = [f for w, _, f, _ in scored if w >= MIN_SCORE][:MAX_FINDINGS]
@@ -398,8 +414,15 @@ _SERVER_CLASSES = {FailureClass.OOM_WEIGHTS_LOAD, FailureClass.KV_CACHE_TOO_SMAL
                    FailureClass.NCCL, FailureClass.MODEL_ACCESS}
 
 
-def _precedence(scored: list) -> list:
-    """Causes before consequences."""
+# Messages any failure can end in, whatever its cause: an engine's bare assertion or plea for a bug report
+# (common_signatures.py). Where the text also names a specific cause, that cause explains them.
+GENERIC_SYMPTOMS = frozenset({"py.assertion", "py.not_implemented", "bug.report", "bug.open_issue",
+                              "bug.this_is_a_bug"})
+_SPECIFIC = 0.4        # a specific class's weight from which it outranks a generic symptom
+
+
+def _precedence(scored: list, generic: set = frozenset()) -> list:
+    """Causes before consequences; a specific cause before a generic symptom."""
     strong = {f.cls: w for w, _, f, kind in scored if kind in ("error", "oom") and w >= 0.75}
     out = []
     for weight, line, finding, kind in scored:
@@ -419,6 +442,14 @@ def _precedence(scored: list) -> list:
         if cls == FailureClass.NCCL and kind == "hint" and len(strong) == 0:
             weight = max(weight, 0.3)
         out.append((weight, line, finding, kind))
+    # a bare assertion next to a message naming a specific cause (a GPU without the kernels, a quantization the
+    # loader rejects, a context too long): the cause first; the assertion is where that cause surfaced
+    specific = max((w for w, _, f, _ in out if f.cls not in generic and f.cls != FailureClass.UNKNOWN), default=0)
+    for i, (weight, line, finding, kind) in enumerate(out):
+        if finding.cls in generic and specific >= _SPECIFIC and weight >= specific:
+            finding.notes.append("ranked below the specific cause the text also names: this message is a symptom "
+                                 "any failure can end in")
+            out[i] = (specific - 0.01, line, finding, kind)
     return out
 
 

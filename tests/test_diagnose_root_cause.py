@@ -1,0 +1,76 @@
+"""Root cause over symptom, and an out-of-memory error placed by the size of its one allocation (issue 16)."""
+
+from __future__ import annotations
+
+from oomguard.diagnose import diagnose_text
+from oomguard.diagnose.rules import GENERIC_SYMPTOMS
+from oomguard.diagnose.common_signatures import SIGNATURES
+from oomguard.failures import FailureClass as C
+
+
+def _classes(text: str) -> list[str]:
+    findings = diagnose_text(text, use_planner=False).to_dict()["findings"]
+    assert findings, "expected a finding"
+    return [findings[0]["class"]] + [a["class"] for a in findings[0]["alternatives"]]
+
+
+# -- a specific cause before a generic symptom -----------------------------------------------------------------------
+_VOLTA = ("INFO 03-19 11:53:56 [cuda.py:234] Cannot use FlashAttention-2 backend for Volta and Turing GPUs.\n"
+          "ERROR 03-19 11:54:51 [engine.py:158] AssertionError('Only FlashAttention backend is supported for this "
+          "model')\n")
+
+
+def test_a_bare_assertion_ranks_below_the_capability_message_that_explains_it():
+    ranked = _classes(_VOLTA)
+    assert ranked[0] == C.DTYPE_CAPABILITY
+    assert C.ENGINE_BUG in ranked[1:3]
+
+
+def test_the_demoted_assertion_says_why_it_ranks_second():
+    findings = diagnose_text(_VOLTA, use_planner=False).findings
+    bug = next(f for f in findings if f.cls == C.ENGINE_BUG)
+    assert any("symptom" in note for note in bug.notes)
+
+
+def test_a_bare_assertion_alone_is_still_the_engines_failure():
+    assert _classes("AssertionError: expected running sequences")[0] == C.ENGINE_BUG
+
+
+def test_a_specific_engine_crash_is_not_a_generic_symptom():
+    # an illegal memory access names the engine's fault itself: a capability hint beside it does not outrank it
+    text = _VOLTA.replace("AssertionError('Only FlashAttention backend is supported for this model')",
+                          "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert _classes(text)[0] == C.ENGINE_BUG
+
+
+def test_the_generic_symptoms_are_signatures_that_exist():
+    ids = {s.id for s in SIGNATURES}
+    assert GENERIC_SYMPTOMS <= ids
+
+
+# -- an unplaced out-of-memory error, by the size of its allocation ------------------------------------------------
+def test_one_allocation_larger_than_any_weight_tensor_is_the_profile_runs_activation():
+    top = diagnose_text("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.25 GiB. GPU",
+                        use_planner=False).findings[0]
+    assert top.cls == C.OOM_PROFILING_OR_GRAPH
+    assert any("9.25 GiB" in note for note in top.notes)
+
+
+def test_a_small_allocation_with_nothing_to_place_it_stays_a_serving_oom():
+    ranked = _classes("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 224.00 MiB. GPU")
+    assert ranked[0] == C.OOM_RUNTIME and C.OOM_PROFILING_OR_GRAPH in ranked[1:]
+
+
+def test_the_phase_still_outranks_the_allocation_size():
+    text = ("INFO 12-27 08:52:17 model_runner.py:1056] Starting to load model Qwen/Qwen2.5-72B-Instruct...\n"
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 1.00 GiB is free. Including non-PyTorch memory, this process has 78.00 GiB memory in "
+            "use.\n")
+    assert _classes(text)[0] == C.OOM_WEIGHTS_LOAD
+
+
+def test_a_ggml_buffer_is_not_read_as_a_pytorch_activation():
+    # llama.cpp allocates whole buffers (all the weights at once): their size says nothing of the stage
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 35533.34 MiB on device 0: cudaMalloc failed: "
+            "out of memory\nllama_model_load: error loading model: unable to allocate CUDA0 buffer\n")
+    assert _classes(text)[0] != C.OOM_PROFILING_OR_GRAPH
