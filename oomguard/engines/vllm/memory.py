@@ -692,6 +692,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # above the predicted KV memory; another vendor's the spread ROCm showed before it was modelled
     if platform.rocm:
         below, above = int(rocm.kv_below_gib * GiB), int(rocm.kv_above_gib * GiB)
+        if measured_names:   # the measured start may have been one that took more: the next may take less
+            above = below
         warmup_margin += int(rocm.graph_margin_gib * GiB)
         notes.append(f"ROCm: the weights, profile and HIP-graph figures add what R9700 starts measured beyond vLLM's "
                      f"arithmetic; starts of one setup differ by up to {rocm.kv_below_gib} GiB, so the KV range "

@@ -98,12 +98,13 @@ class RocmFit:
     profile_gib: float = 0.262
     # "Graph capturing finished ... took" above the CUDA fit (also a mem_get_info delta on ROCm)
     graph_gib: float = 0.341
-    # the available KV memory of the held-out runs missed the prediction by this much (90th percentile) below and
-    # above: ROCm starts of one setup differ by up to 2.6 GiB (benchmarks/measured_repeat.py), always by taking more
+    # the available KV memory the AMD runs logged fell this far below and above the prediction (90th percentiles of
+    # the held-out misses and of the fitting folder's scatter around its medians): ROCm starts of one setup differ
+    # by up to 2.6 GiB (benchmarks/measured_repeat.py), by taking more than the quiet runs the medians come from
     kv_below_gib: float = 2.73
     kv_above_gib: float = 0.42
-    # the graph pool's held-out miss (90th percentile): what the warm-up verdict allows for (the profile's own misses
-    # do not shrink what is free at the warm-up: a larger peak or non-torch figure shrinks the KV cache as much)
+    # the graph pool's miss (90th percentile, the same runs): what the warm-up verdict allows for (the profile's
+    # misses do not shrink what is free at the warm-up: a larger peak or non-torch figure shrinks the KV cache as much)
     graph_margin_gib: float = 0.68
 
 
