@@ -166,6 +166,10 @@ def record_inputs(r: dict):
     model = from_catalog(model_id(r)) if catalog_entry(model_id(r)) else resolve_by_name(model_id(r))
     if model.quant:  # a quantized checkpoint: the log names the kernel vLLM picked for it (e.g. gptq_marlin)
         cfg = replace(cfg, quantization=None)
+        if quant == "compressed-tensors" and model.resolved_from and model.quant.method in ("gptq", "awq"):
+            # the name says GPTQ/AWQ, the log says llm-compressor's format (cpatonn's, cyankiwi's): the same bytes,
+            # but vLLM runs it through the compressed-tensors methods (which ROCm's MoE layers keep g_idx for)
+            model = replace(model, quant=replace(model.quant, method="compressed-tensors"))
     gpus = max(r.get("num_gpus") or 1,
                cfg.tensor_parallel_size * cfg.pipeline_parallel_size * cfg.data_parallel_size)
     return model, gpu, cfg, version, gpus, r.get("engine")
@@ -236,14 +240,15 @@ def run(data: Path, date_versions: bool = True) -> list[Case]:
     return run_records(load_records([data], date_versions))
 
 
-def run_records(records: list[dict], coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS) -> list[Case]:
+def run_records(records: list[dict], coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS,
+                rocm: profile.RocmFit = profile.ROCM_FIT) -> list[Case]:
     cases = []
     for record in records:
         case = Case(record)
         try:
             model, gpu, cfg, version, gpus, engine = record_inputs(case.record)
             report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine, coefficients=coefficients,
-                             free_memory_bytes=shared_gpu_free_bytes(case.record, gpu))
+                             free_memory_bytes=shared_gpu_free_bytes(case.record, gpu), rocm=rocm)
         except LookupError as exc:
             case.skip = str(exc)
         except UsageError as exc:
@@ -262,7 +267,8 @@ def run_records(records: list[dict], coefficients: profile.ProfileCoefficients =
                               "kv_low_gib": report.kv_cache_low_bytes / GiB,
                               "kv_high_gib": report.kv_cache_high_bytes / GiB,
                               "estimated_max_model_len": report.estimated_max_model_len,
-                              "error_class": report.error_class}
+                              "error_class": report.error_class,
+                              "requested_gib": report.requested_memory_bytes / GiB}
             case.naive, case.static = baselines(model, gpu, report)
         cases.append(case)
     return cases

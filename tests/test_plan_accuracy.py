@@ -81,7 +81,7 @@ def test_sampler_warm_up_from_source_on_vllm_0_10_to_0_13(bench, everything):
         assert abs(c.predicted["activation_peak_gib"] - c.record["activation_peak_gib"]) <= 0.1, c.record["id"]
 
 
-def test_generalisation_is_measured_and_does_not_regress(everything):
+def test_generalisation_is_measured_and_does_not_regress(bench, everything):
     general, summary = everything["general"], everything["summary"]
     assert summary["modelled"] >= 70
     pooled = general["pooled"]
@@ -91,10 +91,14 @@ def test_generalisation_is_measured_and_does_not_regress(everything):
     # non-torch memory after 0.13 (0.55 GiB in the 0.11 logs, 2.1 in the 0.19 ones)
     assert pooled["held_out"]["kv_median_gib"] <= 0.3 and pooled["held_out"]["kv_p90_gib"] <= 1.7
     assert pooled["held_out"]["kv_median_gib"] < pooled["static"]["kv_median_gib"]
-    # issue 14 asks for at most 15%; 25 of 165 is 15.2% since the 29 logs collected twice are scored once: 22 of
-    # them are the R9700's, whose KV range carries the ROCm margin that two starts of one setup, 2-2.6 GiB apart
-    # (benchmarks/measured_repeat.py), justify
+    # issue 14 asks for at most 15%; 26 of 165 is 15.8% since the 29 logs collected twice are scored once: 23 of
+    # them are the R9700's, whose KV range reaches 2.73 GiB below the prediction, as far as the held-out R9700 runs
+    # fell (two starts of one setup are 2-2.6 GiB apart, benchmarks/measured_repeat.py); modelling ROCm made one
+    # more of them at_risk (col-g-056, whose logged KV lies inside its range) and four more verdicts right
     assert len(summary["at_risk"]) <= 0.16 * summary["modelled"]
+    # the AMD verdicts: 23 of 29 right before ROCm's layouts and allocator figures were modelled, 27 now
+    amd = [c for c in everything["cases"] if c.predicted and bench.gpu_class(c.record) == "AMD (ROCm)"]
+    assert len(amd) == 29 and sum(map(bench.verdict_right, amd)) >= 27
 
 
 @pytest.mark.xfail(strict=True, reason="open: record 059 (gpt-oss-20b, 0.95, vLLM 0.19) OOMs in the sampler warm-up "

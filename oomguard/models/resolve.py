@@ -25,6 +25,8 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
     (r"w4a16|int4", QuantSpec("compressed-tensors", 4, group_size=128, ignored=("lm_head",))),
     (r"w8a8|w8a16|int8", QuantSpec("compressed-tensors", 8, ignored=("lm_head",))),
     (r"nvfp4", QuantSpec("modelopt_fp4", 4, group_size=16, scale_bytes=1, ignored=("lm_head",))),
+    # llm-compressor's FP8_DYNAMIC preset: one scale per output channel (compressed-tensors strategy "channel")
+    (r"fp8[-_.]?dynamic", QuantSpec("fp8", 8, scale_bytes=4, ignored=("lm_head",), fp8_strategy="channel")),
     (r"fp8", QuantSpec("fp8", 8, scale_bytes=4, ignored=("lm_head",))),
     (r"bnb|4bit", QuantSpec("bitsandbytes", 4, group_size=64, scale_bytes=1 + 4 / 256)),
 )

@@ -82,6 +82,10 @@ class QuantSpec:
     # (layer, module) pairs an ignore list keeps whole in the model dtype ("model.language_model.layers.3.self_attn*"):
     # ModelOpt exports name the attention or MLP of each layer they leave unquantized
     ignored_sections: frozenset[tuple[int, str]] = frozenset()
+    # FP8 weights: one scale per "tensor" (per logical shard), per output "channel", per "block", or "online" (a
+    # 16-bit checkpoint quantized while loading); "" where the checkpoint does not say. ROCm pads the rows of the
+    # per-tensor and block layouts (engines/vllm/weights.py); the bytes are otherwise the same
+    fp8_strategy: str = ""
 
     def bytes_per_param(self) -> float:
         """Storage per quantized weight, scales and zero points included (vllm/model_executor/layers/quantization/*)."""
@@ -556,7 +560,8 @@ def _quant_method_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
                          zero_point=True, ignored=ignored, lm_head_quantized=bool(qc.get("lm_head", False)))
     if method == "fp8":
         block = qc.get("weight_block_size")
-        return QuantSpec(method="fp8", bits=8, block=tuple(block) if block else None, ignored=ignored, scale_bytes=4)
+        return QuantSpec(method="fp8", bits=8, block=tuple(block) if block else None, ignored=ignored, scale_bytes=4,
+                         fp8_strategy="block" if block else "tensor")
     if method == "mxfp4":
         # gpt-oss: MoE experts in MXFP4 (4-bit values + one uint8 scale per 32), attention and router in bf16
         return QuantSpec(method="mxfp4", bits=4, group_size=32, scale_bytes=1, experts_only=True, ignored=ignored)
@@ -589,7 +594,7 @@ def _quant_method_spec(qc: dict | None, model_id: str) -> QuantSpec | None:
         block = weights.get("block_structure") if strategy == "block" else None
         if wtype == "float" and bits == 8:
             return QuantSpec(method="compressed-tensors", bits=8, block=tuple(block) if block else None,
-                             ignored=ignored, scale_bytes=4 if block else 2)
+                             ignored=ignored, scale_bytes=4 if block else 2, fp8_strategy=strategy)
         if wtype == "float" and bits == 4:
             return QuantSpec(method="compressed-tensors", bits=4, group_size=group or 16, scale_bytes=1, ignored=ignored)
         return QuantSpec(method="compressed-tensors", bits=bits, group_size=group, ignored=ignored,

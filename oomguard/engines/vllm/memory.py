@@ -21,6 +21,7 @@ from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSp
 from oomguard.engines.vllm import lora as lora_slots
 from oomguard.engines.vllm.lora import LoraConfig
 from oomguard.engines.vllm.measured import REPEAT_GIB, MeasuredFigures, WorkerFigures
+from oomguard.engines.vllm.platform import platform_of
 from oomguard.engines.vllm.multimodal import MultimodalConfig, encoder_profile
 from oomguard.engines.vllm.offload import OffloadConfig, host_memory
 from oomguard.engines.vllm import speculative as spec_decode
@@ -253,7 +254,7 @@ def resolve_quant(model: ModelSpec, cfg: EngineConfig) -> QuantSpec | None:
         raise UsageError(f"{model.model_id} is a {model.quant.method} checkpoint; --quantization {wanted} does not "
                          f"match it: drop --quantization or use --quantization {model.quant.method}")
     if wanted == "fp8":  # online dynamic FP8: weights become float8_e4m3 with one scale per tensor
-        return QuantSpec(method="fp8", bits=8, scale_bytes=4)
+        return QuantSpec(method="fp8", bits=8, scale_bytes=4, fp8_strategy="online")
     if wanted == "bitsandbytes":  # in-flight 4-bit NF4 with double quantization
         return QuantSpec(method="bitsandbytes", bits=4, group_size=64, scale_bytes=1 + 4 / 256)
     raise UsageError(f"{model.model_id} is not a checkpoint quantized with {wanted}; --quantization {wanted} needs "
@@ -430,9 +431,10 @@ def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
 def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version, gpu_count: int = 1,
             engine: str | None = None, free_memory_bytes: int | None = None,
             coefficients: profile.ProfileCoefficients = profile.COEFFICIENTS,
-            measured: MeasuredFigures | None = None) -> MemoryReport:
+            measured: MeasuredFigures | None = None, rocm: profile.RocmFit = profile.ROCM_FIT) -> MemoryReport:
     """What vLLM `version` does with the memory of each GPU at startup, and whether it starts. `measured`: what a
-    start of the same setup printed (engines/vllm/measured.py), used in place of the estimates."""
+    start of the same setup printed (engines/vllm/measured.py), used in place of the estimates; `rocm`: what a ROCm
+    start adds where vLLM's code gives no number (profile.RocmFit)."""
     validate(model, cfg, gpu_count)
     rel = release(version)
     model = served_spec(model, version)   # what this release builds of the checkpoint (Gemma 3n's towers)
@@ -473,9 +475,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     act_bytes = DTYPE_BYTES[dtype]
     quant = resolve_quant(model, cfg)
     model_q = model if quant is model.quant else _with_quant(model, quant)
+    platform = platform_of(gpu)
     if quant and quant.method == "mxfp4" and model.moe:
-        notes.append(f"MXFP4 experts sized for vLLM's {mxfp4_backend(gpu.compute_capability, version)} MoE kernel "
-                     "on this GPU (its padding included)")
+        notes.append(f"MXFP4 experts sized for vLLM's {mxfp4_backend(gpu.compute_capability, version, platform)} "
+                     "MoE kernel on this GPU (its padding included)")
 
     util = cfg.gpu_memory_utilization
     if util is None:
@@ -577,7 +580,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     for stage in range(pp):
         layers = par.stage_layers(model.num_layers, stage)
         weights = stage_weight_bytes(model_q, par, stage, act_bytes, gpu.compute_capability, version, tokens,
-                                     seqs)
+                                     seqs, platform)
+        if platform.rocm and rel.rocm_weights_device_wide:
+            # RocmPlatform.get_current_memory_usage: the load is measured as total - free, the HIP runtime's and
+            # the allocator's cached blocks included (profile.RocmFit.load_residue_gib)
+            weights += int(rocm.load_residue_gib * GiB)
         if offload_left:  # maybe_offload_to_cpu moves whole layers' parameters until the budget is used
             moved = min(offload_left, int(weights * 0.95))
             weights -= moved
@@ -603,6 +610,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
         graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
                                                             tp, graph_shape)
+        if platform.rocm and engine == "v1":
+            non_torch += int(rocm.profile_gib * GiB)           # profile.RocmFit: hipBLASLt, load-time HIP memory
+            if graphs:                                          # HIP graphs' pool above CUDA's
+                graphs += int(rocm.graph_gib * GiB)
+                graphs_estimate += int(rocm.graph_gib * GiB)
         if measured is not None and pp == 1:
             then = _requested(total, measured.gpu_memory_utilization, rel) if measured.gpu_memory_utilization else None
             figures, measured_names = measured.applied(
@@ -676,12 +688,23 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
     warmup_margin = _estimate_margin(("activation_peak", "non_torch", "cuda_graph"), measured_names)
-    platform = profile.UNCALIBRATED_PLATFORM_GIB * GiB if gpu.vendor != "nvidia" else 0
-    warmup_margin += platform
-    if platform:
-        notes.append(f"the activation, non-torch and graph figures are fitted on NVIDIA startups; on {gpu.name} the "
-                     f"attention backend ROCm picks moves them by up to {profile.UNCALIBRATED_PLATFORM_GIB} GiB, so "
-                     "the KV range and the warm-up verdict allow for that much")
+    # what the platform adds to those misses: ROCm's measured on held-out R9700 runs (profile.RocmFit), below and
+    # above the predicted KV memory; another vendor's the spread ROCm showed before it was modelled
+    if platform.rocm:
+        below, above = int(rocm.kv_below_gib * GiB), int(rocm.kv_above_gib * GiB)
+        if measured_names:   # the measured start may have been one that took more: the next may take less
+            above = below
+        warmup_margin += int(rocm.graph_margin_gib * GiB)
+        notes.append(f"ROCm: the weights, profile and HIP-graph figures add what R9700 starts measured beyond vLLM's "
+                     f"arithmetic; starts of one setup differ by up to {rocm.kv_below_gib} GiB, so the KV range "
+                     f"allows {rocm.kv_below_gib} GiB below and {rocm.kv_above_gib} GiB above")
+    else:
+        below = above = int(profile.UNCALIBRATED_PLATFORM_GIB * GiB) if gpu.vendor != "nvidia" else 0
+        warmup_margin += below
+        if below:
+            notes.append(f"the activation, non-torch and graph figures are fitted on NVIDIA startups; on {gpu.name} "
+                         f"they may move by up to {profile.UNCALIBRATED_PLATFORM_GIB} GiB, so the KV range and the "
+                         "warm-up verdict allow for that much")
     if (error is None and engine == "v1" and rel.free_memory_check and gpu.unified_memory and free_memory_bytes is None
             and requested > gpu.free_at_start_low_bytes):
         risks.append(f"the start-up free-memory check: {_gib(requested)} GiB requested, while as little as "
@@ -715,8 +738,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # sampler when it is installed (not knowable before launch), its smaller warm-up peak.
     margin = 0 if kv_given else _estimate_margin(
         ("activation_peak", "non_torch") + (("cuda_graph_estimate",) if in_budget and not cfg.enforce_eager else ()),
-        measured_names) + platform
-    kv_low, kv_high = int(avail_min - margin), int(avail_min + margin)
+        measured_names)
+    kv_low = int(avail_min - margin - (0 if kv_given else below))
+    kv_high = int(avail_min + margin + (0 if kv_given else above))
     if engine == "v1" and rel.flashinfer_sampler_if_installed and margin and tight == pp - 1 and \
             "activation_peak" not in measured_names:   # a measured peak already used the sampler that is installed
         with_flashinfer = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp,

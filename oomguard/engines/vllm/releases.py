@@ -150,6 +150,12 @@ class VllmRelease:
     auto_dtype_avoids_bf16: bool         # dtype auto serves bfloat16 checkpoints in float16 below 8.0, with a warning
     fp8_min_capability: int              # quantization/fp8.py get_min_capability (x 10): Marlin weight-only below 8.9
     rocm_archs: frozenset[str]           # the gfx targets vLLM's ROCm install docs list
+    # --- ROCm (platforms/rocm.py and the quantization methods' ROCm branches; engines/vllm/platform.py) ---
+    rocm_weights_device_wide: bool       # "Model loading took" is total - free (mem_get_info), not torch-allocated
+    rocm_mxfp4_triton: bool              # MXFP4 MoE on ROCm runs OpenAI's Triton kernels (padded, strided layout)
+    rocm_fp8_padding: bool               # VLLM_ROCM_FP8_PADDING (default on): per-tensor/block FP8 rows + 256 bytes
+    rocm_moe_padding: bool               # VLLM_ROCM_MOE_PADDING (default on): unquantized MoE rows + 256 bytes
+    rocm_wna16_moe_keeps_g_idx: bool     # int4/int8 compressed-tensors MoE on ROCm keeps its g_idx buffers
     # --- multimodal profiling (v1/worker/gpu_model_runner.py profile_run, v1/core/encoder_cache_manager.py,
     #     multimodal/registry.py, the model files; read by engines/vllm/multimodal.py) ---
     mm_default_limit: int                # items per prompt of a modality --limit-mm-per-prompt leaves out (V1; V0: 1)
@@ -363,6 +369,19 @@ def release(version: Version) -> VllmRelease:
                                                   "gfx1201"})),
                           ((0, 14, 0), frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200",
                                                   "gfx1201", "gfx1150", "gfx1151"}))),
+            # platforms/rocm.py RocmPlatform.get_current_memory_usage: torch.cuda.mem_get_info's total - free (0.8.5-0.20,
+        # no empty_cache first), torch.cuda.max_memory_allocated from 0.21 (as platforms/cuda.py)
+        rocm_weights_device_wide=_since(v, True, ((0, 21, 0), False)),
+        # quantization/mxfp4.py get_mxfp4_backend: "elif current_platform.is_rocm() and has_triton_kernels()" from
+        # 0.10.2 (read to 0.18; fused_moe/oracle/mxfp4.py keeps a ROCm branch from 0.20)
+        rocm_mxfp4_triton=_since(v, False, ((0, 10, 2), True)),
+        # quantization/utils/fp8_utils.py _maybe_pad_fp8_weight (fp8.py in 0.8.0, the first wheel read that has it)
+        rocm_fp8_padding=_since(v, False, ((0, 8, 0), True)),
+        # fused_moe/layer.py UnquantizedFusedMoEMethod._maybe_pad_weight (0.8.5; unquantized_fused_moe_method.py later)
+        rocm_moe_padding=_since(v, False, ((0, 8, 5), True)),
+        # compressed_tensors_moe.py get_moe_method: "or current_platform.is_rocm()" -> CompressedTensorsWNA16MoEMethod
+        # from 0.11.1; 0.20 moved the choice into fused_moe/oracle/int_wna16.py, not read: not counted from there
+        rocm_wna16_moe_keeps_g_idx=(0, 11, 1) <= v < (0, 20, 0),
         # multimodal/registry.py init_mm_limits_per_prompt (.get(key, 1)) to 0.8.0; config MultiModalConfig
         # .get_limit_per_prompt "999 if envs.VLLM_USE_V1 else 1" from 0.8.5 (the 0.8.1-0.8.4 wheels unread), 999 in
         # config/multimodal.py from 0.12 (no V0 left)

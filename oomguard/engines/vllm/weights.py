@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from oomguard.engines.vllm.platform import CUDA, Platform
 from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.models.spec import ModelSpec
@@ -44,15 +45,21 @@ def _up(n: int, multiple: int) -> int:
     return cdiv(n, multiple) * multiple
 
 
-def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version | None) -> str | None:
-    """The MXFP4 MoE kernel vLLM picks on a CUDA GPU with the default environment; None: not known (no padding).
+def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version | None,
+                  platform: Platform = CUDA) -> str | None:
+    """The MXFP4 MoE kernel vLLM picks with the default environment; None: not known (no padding).
 
     FlashInfer TRTLLM on data-centre Blackwell; OpenAI's Triton matmul_ogs on Hopper once the wheel bundles
-    triton_kernels (vllm/third_party, from 0.12; before, only when installed by hand); Marlin everywhere else.
+    triton_kernels (vllm/third_party, from 0.12; before, only when installed by hand); Marlin everywhere else on
+    CUDA. On ROCm the same Triton kernels with ROCm's padding and strided layout ("triton_rocm").
     """
     # 0.10: quantization/mxfp4.py Mxfp4MoEMethod._should_use_marlin; 0.11/0.12: mxfp4.py get_mxfp4_backend;
     # 0.19: fused_moe/oracle/mxfp4.py select_mxfp4_moe_backend
-    if compute_capability is None or version is None:
+    if version is None:
+        return None
+    if platform.rocm:   # get_mxfp4_backend: "elif current_platform.is_rocm() and has_triton_kernels()"
+        return "triton_rocm" if release(version).rocm_mxfp4_triton else None
+    if compute_capability is None:
         return None
     if compute_capability[0] == 10:
         return "flashinfer_trtllm"
@@ -61,11 +68,21 @@ def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version |
     return "marlin"
 
 
-def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: int, bias: bool = True) -> int:
+def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: int, bias: bool = True,
+                       rocm_align: int = 128) -> int:
     """One MoE layer's MXFP4 experts on one rank (`inter` = intermediate size on this rank), with their biases.
 
     Weights are uint8 pairs of e2m1 values with one e8m0 scale per 32; vLLM pads the sizes for its kernel.
+    `rocm_align`: ROCm's padding (Platform.mxfp4_pad_align).
     """
+    if backend == "triton_rocm":
+        # mxfp4.py Mxfp4MoEMethod.create_weights, ROCm branch: both sizes rounded to get_padding_alignment();
+        # process_weights_after_loading (TRITON): _swizzle_mxfp4 takes StridedLayout for values and (off gfx950)
+        # scales, whose swizzle_data returns the tensor as it is (triton_kernels layout_details/strided.py): no copy
+        # and no further padding; the biases become fp32 (w13_bias.to(torch.float32))
+        inter, hidden = _up(inter, rocm_align), _up(hidden, rocm_align)
+        params = experts * 3 * hidden * inter
+        return params // 2 + params // 32 + (experts * (2 * inter + hidden) * 4 if bias else 0)
     if backend == "marlin":  # create_weights: Marlin needs n % 256 == 0 and k % 128 == 0
         # mxfp4.py Mxfp4MoEMethod.create_weights (0.10/0.11) / oracle mxfp4_round_up_hidden_size_and_intermediate_size
         inter, hidden = _up(inter, 128), _up(hidden, 256)
@@ -228,10 +245,47 @@ def _indexer_bytes(model: ModelSpec, act_bytes: int, version: Version | None) ->
     return total + 2 * ix.head_dim * act_bytes                  # k_norm: LayerNorm weight and bias
 
 
+def _rocm_fp8_row_padding(model: ModelSpec, platform: Platform, version: Version | None,
+                          linears: tuple[tuple[str, int, int], ...]) -> int:
+    """What ROCm adds to per-tensor and block FP8 linears (name, N rows, K inputs on this rank):
+    quantization/utils/fp8_utils.py _maybe_pad_fp8_weight pads a [N, K] fp8 weight whose rows are a multiple of 512
+    bytes by 256 bytes a row (F.pad(weight, (0, 256))[..., :-256]: the padded storage stays). Channel-wise and online
+    FP8 are not padded (process_fp8_weight_channel_strategy; Fp8LinearMethod's online branch)."""
+    q = model.quant
+    if not (platform.rocm and version and q and q.bits == 8 and (q.block or q.fp8_strategy in ("tensor", "block"))
+            and release(version).rocm_fp8_padding):
+        return 0
+    return sum(n * 256 for name, n, k in linears if k % 512 == 0 and q.quantizes(name))
+
+
+def _rocm_moe_extra(model: ModelSpec, platform: Platform, version: Version | None, experts: int, width: int,
+                    act_bytes: int) -> int:
+    """What ROCm keeps beside one MoE layer's experts (`experts` on this rank, `width` their intermediate size here)
+    that the CUDA layouts do not."""
+    q, h = model.quant, model.hidden_size
+    if not (platform.rocm and version):
+        return 0
+    rel = release(version)
+    if q is None or not q.quantizes("experts"):
+        if not rel.rocm_moe_padding:
+            return 0
+        # unquantized_fused_moe_method.py UnquantizedFusedMoEMethod._maybe_pad_weight: w13 [E, 2I, H] and w2 [E, H, I]
+        # padded by 256 bytes a row where a row is a multiple of 512 bytes (VLLM_ROCM_MOE_PADDING, on by default)
+        first = 2 * width if model.gated_mlp else width
+        return (experts * first * 256 if h * act_bytes % 512 == 0 else 0) + \
+            (experts * h * 256 if width * act_bytes % 512 == 0 else 0)
+    if q.method == "compressed-tensors" and q.bits == 4 and q.scale_bytes == 2 and rel.rocm_wna16_moe_keeps_g_idx:
+        # compressed_tensors_moe.py: on ROCm get_moe_method returns CompressedTensorsWNA16MoEMethod (never Marlin),
+        # whose create_weights registers w13/w2_weight_g_idx and g_idx_sort_indices ([E, H] and [E, I] int32) and
+        # w13/w2_weight_shape ([E, 2], model dtype) and keeps them; the Marlin method frees its g_idx after loading
+        return experts * (2 * (h + width) * 4 + 2 * 2 * act_bytes)
+    return 0
+
+
 def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxfp4: str | None = None,
-                version: Version | None = None) -> float:
+                version: Version | None = None, platform: Platform = CUDA) -> float:
     """Bytes of one decoder layer on one TP rank; `mxfp4` is the MXFP4 MoE kernel (mxfp4_backend); `version` picks
-    release-specific layouts (Gemma 4's KV-shared layers), the newest when not given."""
+    release-specific layouts (Gemma 4's KV-shared layers), the newest when not given; `platform` ROCm's layouts."""
     h, tp = model.hidden_size, par.tp
     if model.model_type == "gemma4_text":
         q_only = release(version).gemma4_kv_shared_q_only if version else True
@@ -272,6 +326,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         gate = q_heads if model.attn_output_gate else 0  # qwen3_next.py Qwen3NextAttention: q and its gate
         total += _linear(model, "qkv_proj", h * (q_heads + gate + 2 * kv_heads) * hd, act_bytes)
         total += _linear(model, "o_proj", q_heads * hd * h, act_bytes)
+        total += _rocm_fp8_row_padding(model, platform, version, (("qkv_proj", (q_heads + gate + 2 * kv_heads) * hd, h),
+                                                                  ("o_proj", h, q_heads * hd)))
         if model.qkv_bias:
             total += (q_heads + 2 * kv_heads) * hd * act_bytes
         if model.o_bias:
@@ -290,7 +346,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         inter = moe.expert_intermediate_size
         experts_here, width = (cdiv(moe.num_experts, tp * par.dp), inter) if par.ep else (moe.num_experts, inter // tp)
         if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
-            total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss")
+            total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss",
+                                        rocm_align=platform.mxfp4_pad_align)
         elif model.model_type == "minicpm":
             # minicpm.py MiniCPMMoE: ws [E, 2I, H] and w2s [E, H, I] are plain nn.Parameters in params_dtype (never
             # quantized), each expert split over TP
@@ -299,6 +356,7 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
             total += _linear(model, "experts", experts_here * mats * h * width, act_bytes)
             if model.model_type == "gpt_oss":
                 total += experts_here * (2 * width + h) * act_bytes  # expert biases
+            total += _rocm_moe_extra(model, platform, version, experts_here, width, act_bytes)
         if model.model_type == "ernie4_5_moe":
             # ernie45_moe.py Ernie4_5_MoeMoE: gate [E, H] and e_score_correction_bias [E] (0.11+), float32 from 0.11.1
             rel = release(version) if version else None
@@ -317,6 +375,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
             total += _linear(model, "mlp", 2 * h * inter // tp, act_bytes) + (inter // tp + h) * act_bytes
         else:
             total += _linear(model, "mlp", mats * h * inter // tp, act_bytes)
+            total += _rocm_fp8_row_padding(model, platform, version, (("mlp", (mats - 1) * inter // tp, h),
+                                                                      ("mlp", h, inter // tp)))
     return total
 
 
@@ -333,14 +393,14 @@ def served_spec(model: ModelSpec, version: Version | None) -> ModelSpec:
 
 def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: int,
                        compute_capability: tuple[int, int] | None = None, version: Version | None = None,
-                       batched_tokens: int = 0, batched_seqs: int = 0) -> int:
+                       batched_tokens: int = 0, batched_seqs: int = 0, platform: Platform = CUDA) -> int:
     """Weights held by one GPU of pipeline stage `stage` (every TP rank of a stage holds the same amount).
 
     The GPU's compute capability and the vLLM version pick kernel-specific layouts (MXFP4 padding); without
     them the checkpoint's own layout is counted. `batched_tokens` (max_num_batched_tokens) sizes buffers a model
     file allocates while it loads (Gemma 4's per-layer-embedding buffer, the DSA top-k index buffers), with
-    `batched_seqs` (max_num_seqs)."""
-    mxfp4 = mxfp4_backend(compute_capability, version)
+    `batched_seqs` (max_num_seqs). `platform`: ROCm's layouts (padding, buffers its kernels keep)."""
+    mxfp4 = mxfp4_backend(compute_capability, version, platform)
     model = served_spec(model, version)
     h = model.hidden_size
     first, last = stage == 0, stage == par.pp - 1
@@ -357,7 +417,7 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
             total += vocab_shard * head
         total += h * act_bytes  # final norm
     for layer in par.stage_layers(model.num_layers, stage):
-        total += layer_bytes(model, layer, par, act_bytes, mxfp4, version)
+        total += layer_bytes(model, layer, par, act_bytes, mxfp4, version, platform)
     if model.gemma3n:
         # gemma3n.py Gemma3nSelfDecoder.altup_projections and Gemma3nTextModel.altup_unembed_projections:
         # altup_num_inputs - 1 ColumnParallelLinear [H, H] each
