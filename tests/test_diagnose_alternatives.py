@@ -136,7 +136,7 @@ ImportError: Please install bitsandbytes>=0.44.0 via `pip install bitsandbytes>=
 def test_paths_and_frame_lines_are_not_the_failures_words():
     text = '''ERROR [core.py:396]   File "/usr/local/lib/python3.12/dist-packages/vllm/model_executor/model_loader/weight_utils.py", line 441, in safetensors_weights_iterator
 ERROR [core.py:396]     with safe_open(st_file, framework="pt") as f:
-ERROR [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file </root/.cache/models--Qwen--Qwen3-30B-A3B-GPTQ-Int4/model.safetensors>: Cannot allocate memory (12)'''
+ERROR [core.py:396] RuntimeError: unable to mmap 16933256392 bytes from file <~/.cache/models--Qwen--Qwen3-30B-A3B-GPTQ-Int4/model.safetensors>: Cannot allocate memory (12)'''
     top = _top(text)
     assert top["class"] == C.OOM_WEIGHTS_LOAD   # the stage (model loading) says which memory failure
     assert "GPTQ" not in top["summary"] and "allocate" in top["summary"]
