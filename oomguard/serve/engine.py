@@ -110,17 +110,8 @@ def parse_engine_command(words: list[str]) -> EngineCommand:
 
 
 def _without_address(words: list[str]) -> list[str]:
-    out, skip = [], False
-    for w in words:
-        if skip:
-            skip = False
-            continue
-        name = w.split("=", 1)[0]
-        if name in _ADDRESS:
-            skip = "=" not in w
-            continue
-        out.append(w)
-    return out
+    """The words without --host/--port and their values: serve chooses the engine's address."""
+    return _apart(words, dict.fromkeys(_ADDRESS, True))[0]
 
 
 def _parse_vllm(words: list[str], kind: str, launcher: tuple[str, ...], model_as_flag: bool) -> EngineCommand:

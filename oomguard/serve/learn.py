@@ -10,16 +10,19 @@ from .engine import EngineCommand
 from .plancheck import planned
 
 
-def learn(cmd: EngineCommand, log: str, gpu: str | None, vllm_version: str | None,
+def learn(cmd: EngineCommand, scanner, gpu: str | None, vllm_version: str | None,
           state_dir: str | None) -> tuple[str, dict]:
-    """Keep the figures of a start; returns the event to log: ("figures_kept" | "figures_not_kept", its fields)."""
-    from oomguard.diagnose.pipeline import diagnose_text
+    """Keep the figures of a start, from the diagnose Scanner that read its output; returns the event to log:
+    ("figures_kept" | "figures_not_kept", its fields)."""
+    from oomguard.diagnose.facts import build
     from oomguard.engines.vllm.measured import MeasuredFigures
     from oomguard.engines.vllm.memory import predict
     from oomguard.engines.vllm.versions import parse_version
     from oomguard.plan.measured import MeasuredStore, key_of, setup_of
 
-    facts = dict(diagnose_text(log, use_planner=False, name="engine").facts)
+    if scanner is None:
+        return "figures_not_kept", {"reason": "the engine printed nothing"}
+    facts = dict(build(scanner.facts.get("_raw", {}), scanner.engines)[0])
     ran = facts.get("vllm_version")       # the release that ran, as it says, over --vllm-version
     try:
         version = str(ran) if ran and parse_version(str(ran)) else vllm_version

@@ -103,8 +103,8 @@ class Supervisor:
         self.started_at = time.time()
         self.run_started = 0.0
         self.oom_seen = 0
-        self.engine_gauges: dict = {}
-        self.run_head: list[str] = []    # the proxy's per-engine admission gauges, last read
+        self.engine_gauges: dict = {}    # the proxy's per-engine admission gauges, last read
+        self.run_scanner = None          # the diagnose scanner reading this run's output as it comes
 
     # ------------------------------------------------------------------ the loop
     async def run(self) -> int:
@@ -221,7 +221,6 @@ class Supervisor:
                 raise UsageError(f"cannot run the engine {argv[0]!r}: {exc.strerror or exc}") from None
             return Outcome(cause="exit", ready=False, exit_code=127, summary=str(exc)), ""
         head: list[str] = []
-        self.run_head = head     # the startup lines: what the engine says about its memory is read from them
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         reader = asyncio.create_task(self._read_output(self.proc, head, tail))
         outcome = await self._watch(self.proc)
@@ -239,6 +238,7 @@ class Supervisor:
     async def _read_output(self, proc, head: list[str], tail: deque) -> None:
         from oomguard.diagnose.scan import Scanner
         scanner, number = Scanner(), 0
+        self.run_scanner = scanner   # what the engine says about its memory at startup is read from it (_learn)
         out = sys.stdout.buffer
         assert proc.stdout is not None
         while True:
@@ -318,7 +318,7 @@ class Supervisor:
             return
         from .learn import learn
         try:
-            event, fields = learn(self.engine, "\n".join(self.run_head), self.config.planner_gpu,
+            event, fields = learn(self.engine, self.run_scanner, self.config.planner_gpu,
                                   self.config.vllm_version, self.config.state_dir)
         except Exception as exc:   # a log or a state directory we cannot use must not stop serving
             event, fields = "figures_not_kept", {"reason": repr(exc)[:200]}
