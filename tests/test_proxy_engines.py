@@ -63,9 +63,11 @@ async def proxy_status(session: aiohttp.ClientSession, url: str, headers: dict |
 
 async def start_blocker(session: aiohttp.ClientSession, url: str, headers: dict | None = None):
     """A long streaming completion through the proxy, started (first event read); the caller closes it, which
-    makes llama-server drop it and frees the proxy's slot."""
+    makes llama-server drop it and frees the proxy's slot. Left unread it cannot end on its own, however fast the
+    tiny model runs: with top-20 probabilities each event is ~2 KB, and 3500 of them (7 MB) are more than the
+    sockets and readers buffer, so the proxy's relay waits on the reader."""
     r = await session.post(url + "/v1/completions", headers=headers,
-                           json={"prompt": "Once", "max_tokens": 3500, "stream": True})
+                           json={"prompt": "Once", "max_tokens": 3500, "stream": True, "n_probs": 20})
     assert r.status == 200, await r.text()
     await r.content.readline()
     return r
