@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import EngineConfig, predict  # noqa: E402
+from oomguard.engines.vllm.releases import release  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: E402
 from oomguard.errors import UsageError  # noqa: E402
@@ -78,6 +79,28 @@ def disturbed(r: dict) -> bool:
     processes allocate or free GPU memory while vLLM profiled (vLLM's own warning), so none of its figures measures
     vLLM. (A negative graph-capture figure is normal before 0.18: it was not a net delta then.)"""
     return (r.get("non_torch_gib") or 0) < 0 or (r.get("outcome") == "ok" and (r.get("kv_cache_memory_gib") or 0) < 0)
+
+
+def contradicts_budget(r: dict) -> bool:
+    """One GPU's logged figures that break vLLM's own arithmetic are not one run's (a table transcribed wrong): up to
+    0.26, available KV = total x utilization - weights - activation peak - non-torch, less the CUDA-graph estimate
+    where it is charged (v1/worker/gpu_worker.py determine_available_memory, V0 worker.py
+    determine_num_available_blocks). Only where every term is logged (0.27 logs no non-torch figure), and not for
+    0.8.0-0.9.0's raw formula."""
+    names = ("gpu_total_memory_gib", "gpu_memory_utilization", "weights_gib", "activation_peak_gib", "non_torch_gib",
+             "kv_cache_memory_gib")
+    if (r.get("tensor_parallel_size") or 1) * (r.get("pipeline_parallel_size") or 1) > 1 or \
+            any(r.get(n) is None for n in names):
+        return False
+    try:
+        rel = release(parse_version(str(r.get("vllm_version") or "")))
+    except UsageError:
+        return False
+    if rel.non_torch_includes_baseline:
+        return False
+    total, util, weights, activation, non_torch, kv = (float(r[n]) for n in names)
+    graphs = float(r.get("cuda_graph_estimated_gib") or 0) if rel.cuda_graphs_in_budget else 0.0
+    return abs(total * util - weights - activation - non_torch - graphs - kv) > 0.5
 
 
 def model_id(r: dict) -> str:
@@ -133,6 +156,9 @@ def record_inputs(r: dict):
         raise LookupError("a fork of vLLM, not modelled")
     if disturbed(r):
         raise LookupError("profiling disturbed by other processes (negative memory logged by a run that started)")
+    if contradicts_budget(r):
+        raise LookupError("its figures do not add up as vLLM adds them (available KV != requested - weights - "
+                          "activation - non-torch): not one run's")
     if r.get("enable_expert_parallel") and ((r.get("tensor_parallel_size") or 1) * (r.get("data_parallel_size") or 1)) > 1:
         raise LookupError("expert parallelism's all-to-all buffers are not modelled (the plan warns)")
     if not model_id(r):
