@@ -142,6 +142,7 @@ class VllmRelease:
     flashmla_block_64: bool              # FlashMLA's 64-token blocks on Hopper
     cutlass_mla_block_128: bool          # CUTLASS MLA's 128-token blocks on data-centre Blackwell
     mxfp4_triton_on_hopper: bool         # the wheel bundles triton_kernels for MXFP4 MoE on Hopper
+    mxfp4_triton_frees_loaded_scales: bool  # ... and drops the loaded block scales once swizzled
     # --- GPUs (the PyPI wheels' kernels, engine/arg_utils.py, config/model.py; docs/research/vllm-gpu-support.md) ---
     cuda_toolkit: str                    # the CUDA the PyPI wheel was built with (nvcc strings in _C, libcudart.so.N)
     cuda_archs: tuple[tuple[int, int], ...]  # SASS targets of the PyPI wheel's _C (its .nv_fatbin), compute capability
@@ -345,6 +346,7 @@ def release(version: Version) -> VllmRelease:
         flashmla_block_64=(0, 8, 0) <= v < (0, 18, 0),                       # platforms/cuda.py
         cutlass_mla_block_128=_since(v, False, ((0, 10, 0), True)),         # platforms/cuda.py
         mxfp4_triton_on_hopper=_since(v, False, ((0, 12, 0), True)),        # quantization/mxfp4.py get_mxfp4_backend
+        mxfp4_triton_frees_loaded_scales=_since(v, False, ((0, 25, 0), True)),  # oracle/mxfp4.py TRITON_BACKENDS
         # the PyPI x86_64 wheels: "release 12.8" / "release 12.9" / "release 13.0" in _C.abi3.so (none readable before
         # 0.9: CUDA 12 before 12.8, it has no sm_100), libcudart.so.12 up to 0.19.1, libcudart.so.13 from 0.20.0
         cuda_toolkit=_since(v, "12", ((0, 9, 0), "12.8"), ((0, 12, 0), "12.9"), ((0, 20, 0), "13.0")),

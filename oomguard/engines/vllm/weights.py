@@ -69,11 +69,12 @@ def mxfp4_backend(compute_capability: tuple[int, int] | None, version: Version |
 
 
 def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: int, bias: bool = True,
-                       rocm_align: int = 128) -> int:
+                       rocm_align: int = 128, keeps_loaded_scales: bool = True) -> int:
     """One MoE layer's MXFP4 experts on one rank (`inter` = intermediate size on this rank), with their biases.
 
     Weights are uint8 pairs of e2m1 values with one e8m0 scale per 32; vLLM pads the sizes for its kernel.
-    `rocm_align`: ROCm's padding (Platform.mxfp4_pad_align).
+    `rocm_align`: ROCm's padding (Platform.mxfp4_pad_align); `keeps_loaded_scales`: the Triton path keeps the
+    checkpoint's scales beside their swizzled copies (until 0.25).
     """
     if backend == "triton_rocm":
         # mxfp4.py Mxfp4MoEMethod.create_weights, ROCm branch: both sizes rounded to get_padding_alignment();
@@ -94,9 +95,11 @@ def mxfp4_expert_bytes(backend: str | None, experts: int, hidden: int, inter: in
         inter = _up(inter, 64)  # same functions, default CUDA branch
         # quantization/utils/mxfp4_utils.py _swizzle_mxfp4 -> triton_kernels HopperMXValueLayout.swizzle_data pads
         # both uint8 dims of the transposed weight to 64; HopperMXScaleLayout pads rows to 256 and columns to 2.
-        # The loaded uint8 scales stay registered on the layer beside the swizzled copies; biases become fp32.
+        # The loaded uint8 scales stay registered on the layer beside the swizzled copies until 0.25, which deletes
+        # them (oracle/mxfp4.py convert_gpt_oss_weight_to_mxfp4_moe_kernel_format: "drop the now-dead weight/scale Parameters");
+        # biases become fp32.
         values = experts * (_up(hidden // 2, 64) * _up(2 * inter, 64) + _up(inter // 2, 64) * _up(hidden, 64))
-        loaded_scales = experts * (2 * inter * (hidden // 32) + hidden * (inter // 32))
+        loaded_scales = experts * (2 * inter * (hidden // 32) + hidden * (inter // 32)) if keeps_loaded_scales else 0
         swizzled_scales = experts * (_up(2 * inter, 256) * _up(hidden // 32, 2)
                                      + _up(hidden, 256) * _up(inter // 32, 2))
         return values + loaded_scales + swizzled_scales + (experts * (2 * inter + hidden) * 4 if bias else 0)
@@ -347,7 +350,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         experts_here, width = (cdiv(moe.num_experts, tp * par.dp), inter) if par.ep else (moe.num_experts, inter // tp)
         if model.quant and model.quant.method == "mxfp4" and model.quant.quantizes("experts"):
             total += mxfp4_expert_bytes(mxfp4, experts_here, h, width, bias=model.model_type == "gpt_oss",
-                                        rocm_align=platform.mxfp4_pad_align)
+                                        rocm_align=platform.mxfp4_pad_align, keeps_loaded_scales=bool(version)
+                                        and not release(version).mxfp4_triton_frees_loaded_scales)
         elif model.model_type == "minicpm":
             # minicpm.py MiniCPMMoE: ws [E, 2I, H] and w2s [E, H, I] are plain nn.Parameters in params_dtype (never
             # quantized), each expert split over TP
