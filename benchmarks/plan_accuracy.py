@@ -154,6 +154,8 @@ def record_inputs(r: dict):
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
     if "fork" in str(r["vllm_version"]):
         raise LookupError("a fork of vLLM, not modelled")
+    if r.get("outcome") is None:
+        raise LookupError("the log does not show whether vLLM started")
     if disturbed(r):
         raise LookupError("profiling disturbed by other processes (negative memory logged by a run that started)")
     if contradicts_budget(r):
