@@ -27,6 +27,9 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
     (r"nvfp4", QuantSpec("modelopt_fp4", 4, group_size=16, scale_bytes=1, ignored=("lm_head",))),
     # llm-compressor's FP8_DYNAMIC preset: one scale per output channel (compressed-tensors strategy "channel")
     (r"fp8[-_.]?dynamic", QuantSpec("fp8", 8, scale_bytes=4, ignored=("lm_head",), fp8_strategy="channel")),
+    # llm-compressor's FP8_BLOCK preset (and DeepSeek-style fp8 checkpoints): one scale per 128 x 128 block
+    (r"fp8[-_.]?block", QuantSpec("fp8", 8, block=(128, 128), scale_bytes=4, ignored=("lm_head",),
+                                  fp8_strategy="block")),
     (r"fp8", QuantSpec("fp8", 8, scale_bytes=4, ignored=("lm_head",))),
     (r"bnb|4bit", QuantSpec("bitsandbytes", 4, group_size=64, scale_bytes=1 + 4 / 256)),
 )

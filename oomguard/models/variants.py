@@ -13,7 +13,7 @@ from oomguard.models.spec import ModelSpec
 
 _QUANT_SUFFIX = re.compile(
     r"(-(awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|nvfp4|mxfp4|bnb|4bit|8bit|dynamic|static|marlin|quantized|autoround"
-    r"|auto-round|unsloth|mtp|fp16|bf16"
+    r"|auto-round|unsloth|mtp|fp16|bf16|block"
     r"|quantized\.w4a16|quantized\.w8a8|quantized\.w8a16|fp8-dynamic|fp8-static)[a-z0-9.]*)+$")
 
 
