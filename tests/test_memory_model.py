@@ -125,6 +125,32 @@ def test_sliding_window_groups_and_worst_case():
     assert layout.blocks_per_request(8192, 256) == 512 + (-(-(127 + 256) // 16) + 1)
 
 
+@pytest.mark.parametrize("dtype, side_bytes", [
+    ("auto", 128 * 2), ("fp8", 128),
+    ("nvfp4", 128 // 2 + 128 // 16),          # utils/torch_utils.py nvfp4_kv_cache_full_dim: fp4 pairs + fp8 scales
+    ("int8_per_token_head", 128 + 4),         # AttentionSpec.page_size_bytes: one fp32 scale per token and head
+    ("fp8_per_token_head", 128 + 4),
+    ("int4_per_token_head", 128 // 2 + 4),    # real_page_size_bytes: head_size // 2
+])
+def test_packed_kv_cache_dtypes_page_as_vllm_sizes_them(dtype, side_bytes):
+    # Llama-3.1-8B: 32 layers of 8 KV heads of 128 on one GPU, block 16, K and V
+    report = run(version=(0, 28, 0), kv_cache_dtype=dtype)
+    assert report.first.bytes_per_block == 32 * 2 * 16 * 8 * side_bytes
+
+
+def test_packed_kv_cache_dtypes_need_their_release_and_no_mla():
+    with pytest.raises(UsageError, match="came in 0.20.0"):
+        run(version=V19, kv_cache_dtype="nvfp4")
+    with pytest.raises(UsageError, match="came in 0.25.0"):
+        run(version=(0, 24, 0), kv_cache_dtype="int4_per_token_head")
+    with pytest.raises(UsageError, match="MLA"):
+        run(model="deepseek-ai/DeepSeek-V2-Lite", version=(0, 28, 0), kv_cache_dtype="nvfp4")
+    with pytest.raises(UsageError, match="does not model yet"):
+        run(version=(0, 28, 0), kv_cache_dtype="turboquant_k8v4")
+    with pytest.raises(UsageError, match="unknown --kv-cache-dtype"):
+        run(version=(0, 28, 0), kv_cache_dtype="fp4")
+
+
 def test_mla_page_is_one_latent_and_replicated_over_tp():
     r1 = run(model="deepseek-ai/DeepSeek-V2-Lite")
     r2 = run(model="deepseek-ai/DeepSeek-V2-Lite", tensor_parallel_size=2, gpus=2)

@@ -105,7 +105,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("max_num_batched_tokens", ("--max-num-batched-tokens",), human_int, "tokens per scheduler step"),
     Flag("dtype", ("--dtype",), str, "auto, half, float16, bfloat16, float32"),
     Flag("quantization", ("--quantization", "-q"), str, "fp8, awq, gptq, bitsandbytes, ..."),
-    Flag("kv_cache_dtype", ("--kv-cache-dtype",), str, "auto, fp8, fp8_e4m3, fp8_e5m2"),
+    Flag("kv_cache_dtype", ("--kv-cache-dtype",), str, "auto, fp8, fp8_e4m3, fp8_e5m2, nvfp4, int8_per_token_head, ..."),
     Flag("block_size", ("--block-size",), int, "tokens per KV block"),
     Flag("enforce_eager", ("--enforce-eager",), None, "no CUDA graphs"),
     Flag("enable_prefix_caching", ("--enable-prefix-caching",), None, "prefix caching on/off", negatable=True),

@@ -6,12 +6,38 @@ bytes per block page, and worst-case bytes one request of max_model_len needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.errors import NotSupportedError
 from oomguard.units import cdiv
+
+
+@dataclass(frozen=True)
+class KvElement:
+    """How a --kv-cache-dtype stores one head's K (or V) of one token: bytes per element, and the scale each (token,
+    head) carries in the per-token-head modes (kv_cache_interface.py AttentionSpec.page_size_bytes, 0.20+)."""
+
+    bytes: float
+    scale_bytes: int = 0
+
+
+# --kv-cache-dtype -> storage; None: the model's dtype. Which names a release accepts: releases.py kv_cache_dtypes
+KV_CACHE_DTYPES: dict[str, KvElement | None] = {
+    "auto": None, "bfloat16": KvElement(2), "float16": KvElement(2), "half": KvElement(2), "float": KvElement(4),
+    "float32": KvElement(4), "int8": KvElement(1), "fp8": KvElement(1), "fp8_e4m3": KvElement(1),
+    "fp8_e5m2": KvElement(1), "fp8_inc": KvElement(1), "fp8_ds_mla": KvElement(1),
+    # utils/torch_utils.py nvfp4_kv_cache_full_dim: two fp4 values a byte and one fp8 scale per 16 (head_size // 2 +
+    # head_size // 16); nvfp4_4over6 is the same layout
+    "nvfp4": KvElement(0.5 + 1 / 16), "nvfp4_4over6": KvElement(0.5 + 1 / 16),
+    # AttentionSpec.page_size_bytes: one fp32 scale per token and head for each of K and V
+    "int8_per_token_head": KvElement(1, 4), "fp8_per_token_head": KvElement(1, 4),
+    "int4_per_token_head": KvElement(0.5, 4),   # real_page_size_bytes: head_size // 2
+}
+# --kv-cache-dtype values vLLM accepts whose slot size each attention backend sets itself (turboquant_attn.py,
+# rocm_octave_attn.py, ultraquant_attn.py, FlashMLA-sparse's nvfp4_ds_mla): not modelled
+KV_CACHE_DTYPES_NOT_MODELLED = ("turboquant_", "octave_", "ultraquant_", "nvfp4_ds_mla")
 
 
 @dataclass(frozen=True)
@@ -21,12 +47,13 @@ class FullAttentionSpec:
     block_size: int
     num_kv_heads: int
     head_size: int
-    dtype_bytes: int
+    dtype_bytes: float
+    scale_bytes: int = field(default=0, kw_only=True)   # per token, head and side (KvElement.scale_bytes)
 
     @property
     def page_size_bytes(self) -> int:
         """AttentionSpec.page_size_bytes: K and V."""
-        return 2 * self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+        return 2 * self.block_size * self.num_kv_heads * (int(self.head_size * self.dtype_bytes) + self.scale_bytes)
 
     def max_memory_usage_bytes(self, max_model_len: int, in_flight_tokens: int) -> int:
         """Worst-case bytes one request needs: every token of max_model_len."""
@@ -34,7 +61,8 @@ class FullAttentionSpec:
 
     def as_full_attention(self) -> FullAttentionSpec:
         """The spec without its window (unify_hybrid_kv_cache_specs, when the hybrid manager is off)."""
-        return FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.dtype_bytes)
+        return FullAttentionSpec(self.block_size, self.num_kv_heads, self.head_size, self.dtype_bytes,
+                                 scale_bytes=self.scale_bytes)
 
 
 @dataclass(frozen=True)
@@ -64,7 +92,7 @@ class MLAAttentionSpec(FullAttentionSpec):
 
     @property
     def page_size_bytes(self) -> int:
-        return self.block_size * self.num_kv_heads * self.head_size * self.dtype_bytes
+        return self.block_size * self.num_kv_heads * int(self.head_size * self.dtype_bytes)
 
     def as_full_attention(self) -> MLAAttentionSpec:
         return self

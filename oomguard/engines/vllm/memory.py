@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from oomguard.engines.vllm import defaults, messages, profile
 from oomguard.engines.vllm.flags import ENGINE_DESTS, FEATURE_DESTS
-from oomguard.engines.vllm.kv import (ChunkedLocalAttentionSpec, FullAttentionSpec, KvLayout, KvSpec, MambaSpec,
-                                      MLAAttentionSpec, SlidingWindowSpec, build_layout, estimate_max_model_len,
-                                      kv_cache_tokens, max_concurrency, num_blocks)
+from oomguard.engines.vllm.kv import (KV_CACHE_DTYPES, KV_CACHE_DTYPES_NOT_MODELLED, ChunkedLocalAttentionSpec,
+                                      FullAttentionSpec, KvElement, KvLayout, KvSpec, MambaSpec, MLAAttentionSpec,
+                                      SlidingWindowSpec, build_layout, estimate_max_model_len, kv_cache_tokens,
+                                      max_concurrency, num_blocks)
 from oomguard.engines.vllm import lora as lora_slots
 from oomguard.engines.vllm.lora import LoraConfig
 from oomguard.engines.vllm.measured import REPEAT_GIB, MeasuredFigures, WorkerFigures
@@ -26,7 +27,8 @@ from oomguard.engines.vllm.multimodal import MultimodalConfig, encoder_profile
 from oomguard.engines.vllm.offload import OffloadConfig, host_memory
 from oomguard.engines.vllm import speculative as spec_decode
 from oomguard.engines.vllm.speculative import SpeculativeConfig
-from oomguard.engines.vllm.releases import LATE_MODEL_TYPES, VllmRelease, first_release_running, release
+from oomguard.engines.vllm.releases import (LATE_MODEL_TYPES, VllmRelease, first_release_running,
+                                            first_release_with_kv_cache_dtype, release)
 from oomguard.engines.vllm.versions import Version, fmt
 from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, served_spec, stage_weight_bytes
 from oomguard.errors import UsageError
@@ -36,8 +38,6 @@ from oomguard.units import GiB, cdiv
 from oomguard.failures import FailureClass
 
 FP8_DS_MLA_BYTES = 656   # flashmla_sparse.py: 512 fp8 latent values, 4 fp32 scales, 64 bf16 RoPE values
-KV_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "fp8_ds_mla": 1,
-                  "bfloat16": 2, "float16": 2, "half": 2, "float": 4, "float32": 4, "int8": 1}
 _DTYPES = {"auto": None, "half": "float16", "float16": "float16", "bfloat16": "bfloat16", "float": "float32",
            "float32": "float32"}
 # --quantization values that load a matching pre-quantized checkpoint
@@ -306,7 +306,7 @@ def default_block_size(model: ModelSpec, gpu: GpuSpec, version: Version) -> int:
 
 
 def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel: VllmRelease, tp: int,
-                         act_bytes: int, kv_bytes: int, max_model_len: int) -> MambaSpec | None:
+                         act_bytes: int, kv: KvElement, max_model_len: int) -> MambaSpec | None:
     """A Gated DeltaNet or Mamba2 layer's state page, and the attention block size that makes an attention page hold it
     (models/config.py HybridAttentionMambaModelConfig.verify_and_update_config up to 0.19,
     platforms/interface.py _align_hybrid_block_size from 0.20): block = align x cdiv(state, align x KV bytes per
@@ -326,7 +326,7 @@ def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel:
         ssm_dtype = (ssm_dtype or rel.nemotron_h_ssm_dtype) if rel.nemotron_h_ssm_dtype else None
     ssm_bytes = DTYPE_BYTES[ssm_dtype] if ssm_dtype else act_bytes
     state = conv * act_bytes + temporal * ssm_bytes      # mamba_cache_dtype / mamba_ssm_cache_dtype "auto"
-    per_token = _attention_bytes_per_token(model, tp, kv_bytes)
+    per_token = _attention_bytes_per_token(model, tp, kv)
     prefix = cfg.enable_prefix_caching if cfg.enable_prefix_caching is not None else rel.hybrid_prefix_caching_default
     align_mode = prefix and rel.hybrid_prefix_caching_possible          # mamba_cache_mode "align", else "none"
     align, pages = 16, 1
@@ -343,12 +343,13 @@ def recurrent_state_spec(model: ModelSpec, cfg: EngineConfig, gpu: GpuSpec, rel:
     return MambaSpec(block if align_mode else max_model_len, state, block * per_token, pages)
 
 
-def _attention_bytes_per_token(model: ModelSpec, tp: int, kv_bytes: int) -> int:
+def _attention_bytes_per_token(model: ModelSpec, tp: int, kv: KvElement) -> int:
     """K and V of one token in one full-attention layer on one TP rank (FullAttentionSpec with block_size 1)."""
-    return 2 * max(1, model.num_kv_heads // tp) * model.head_dim * kv_bytes
+    return FullAttentionSpec(1, max(1, model.num_kv_heads // tp), model.head_dim, kv.bytes,
+                             scale_bytes=kv.scale_bytes).page_size_bytes
 
 
-def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_bytes: int,
+def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv: KvElement,
               state: MambaSpec | None = None, ds_mla: bool = False) -> list[KvSpec]:
     """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec)."""
     specs: list[KvSpec] = []
@@ -368,30 +369,31 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv_byte
             if ds_mla:  # kv_cache_interface.MLAAttentionSpec: fp8_ds_mla pages are 656 bytes a token
                 specs.append(MLAAttentionSpec(block_size, 1, FP8_DS_MLA_BYTES, 1))
             else:
-                specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv_bytes))
+                specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv.bytes))
             if model.indexer:
                 # deepseek_v2.py DeepseekV32IndexerCache.get_kv_cache_spec: MLAAttentionSpec(head_size=index_head_dim
                 # + index_head_dim // 128 * 4, dtype=uint8): fp8 keys and one fp32 scale per 128, whatever the KV dtype
                 d = model.indexer.head_dim
                 specs.append(MLAAttentionSpec(block_size, 1, d + d // 128 * 4, 1))
         elif kind == "sliding":
-            specs.append(SlidingWindowSpec(block_size, heads, head_dim, kv_bytes, model.sliding_window))
+            specs.append(SlidingWindowSpec(block_size, heads, head_dim, kv.bytes, model.sliding_window,
+                                           scale_bytes=kv.scale_bytes))
         elif kind == "chunked":
-            specs.append(ChunkedLocalAttentionSpec(block_size, heads, head_dim, kv_bytes,
-                                                   model.attention_chunk_size))
+            specs.append(ChunkedLocalAttentionSpec(block_size, heads, head_dim, kv.bytes,
+                                                   model.attention_chunk_size, scale_bytes=kv.scale_bytes))
         else:
-            specs.append(FullAttentionSpec(block_size, heads, head_dim, kv_bytes))
+            specs.append(FullAttentionSpec(block_size, heads, head_dim, kv.bytes, scale_bytes=kv.scale_bytes))
     return specs
 
 
-def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv_bytes: int) -> list[KvSpec]:
+def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv: KvElement) -> list[KvSpec]:
     """The drafter's KV-bearing layers, registered beside the target's (gpu_model_runner.get_kv_cache_spec): EAGLE
     heads and MTP layers shaped like the target's full attention; a draft model's own layers."""
     if drafter is None:
         return []
     if drafter.draft_model is not None:
         d = drafter.draft_model
-        return _kv_specs(d, range(d.num_layers), tp, block_size, kv_bytes)
+        return _kv_specs(d, range(d.num_layers), tp, block_size, kv)
     full = [s for s in target if isinstance(s, (FullAttentionSpec, MLAAttentionSpec))
             and not isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec))]
     return full[-1:] * drafter.attention_layers if full else []
@@ -418,8 +420,12 @@ def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if cfg.max_model_len is not None and cfg.max_model_len <= 0 and cfg.max_model_len != -1:
         raise UsageError(f"--max-model-len must be positive (or -1/auto), got {cfg.max_model_len}")
-    if cfg.kv_cache_dtype not in KV_DTYPE_BYTES:
-        raise UsageError(f"unknown --kv-cache-dtype {cfg.kv_cache_dtype!r}: use auto, fp8, fp8_e4m3 or fp8_e5m2")
+    if cfg.kv_cache_dtype.startswith(KV_CACHE_DTYPES_NOT_MODELLED):
+        raise UsageError(f"--kv-cache-dtype {cfg.kv_cache_dtype} sizes its pages in its attention backend, which oomguard "
+                         "does not model yet: plan with nvfp4 or fp8 for comparison")
+    if cfg.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise UsageError(f"unknown --kv-cache-dtype {cfg.kv_cache_dtype!r}: use auto, fp8, fp8_e4m3, fp8_e5m2, nvfp4, "
+                         "int8_per_token_head, fp8_per_token_head or int4_per_token_head")
     if cfg.cpu_offload_gb < 0:
         raise UsageError("--cpu-offload-gb must be >= 0")
     if cfg.kv_cache_memory_bytes is not None and cfg.kv_cache_memory_bytes <= 0:
@@ -508,7 +514,14 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     notes += batch_notes
     if engine == "v1" and tokens < seqs and error is None:
         raise UsageError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})")
-    kv_bytes = KV_DTYPE_BYTES[cfg.kv_cache_dtype] or act_bytes
+    kv = KV_CACHE_DTYPES[cfg.kv_cache_dtype] or KvElement(act_bytes)
+    packed = first_release_with_kv_cache_dtype(cfg.kv_cache_dtype)
+    if packed and cfg.kv_cache_dtype not in rel.packed_kv_cache_dtypes:
+        raise UsageError(f"vLLM {fmt(version)} has no --kv-cache-dtype {cfg.kv_cache_dtype}: it came in {fmt(packed)}; "
+                         f"pick --vllm-version {fmt(packed)} or later, or --kv-cache-dtype fp8")
+    if packed and model.mla:
+        raise UsageError(f"--kv-cache-dtype {cfg.kv_cache_dtype} on an MLA model ({model.model_id}) is not modelled: vLLM's "
+                         "MLA backends keep their own page layouts; plan with --kv-cache-dtype fp8 or auto")
     # DeepSeek's fp8_ds_mla layout: asked for by name, or (0.18+) what an fp8 KV cache becomes on FlashMLA-sparse,
     # Hopper's sparse MLA backend (layers/attention/mla_attention.py MLAAttention.__init__)
     ds_mla = model.indexer is not None and (cfg.kv_cache_dtype == "fp8_ds_mla" or (
@@ -526,12 +539,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         drafter = spec_decode.drafter(cfg.speculative, model_q, rel, par, act_bytes, gpu.compute_capability)
         notes += drafter.notes
         warnings += drafter.warnings
-    state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv_bytes, max_len) if model.recurrent else None
+    state = recurrent_state_spec(model, cfg, gpu, rel, tp, act_bytes, kv, max_len) if model.recurrent else None
     if state:
         if drafter and rel.mamba_spec_blocks and engine == "v1":
             # a request keeps the states of its k proposed tokens too (MambaSpec.num_speculative_blocks)
             state = replace(state, pages_per_request=state.pages_per_request + drafter.tokens)
-        block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv_bytes)
+        block_size = state.page_size_bytes // _attention_bytes_per_token(model, tp, kv)
         if not any(k in ("linear", "mamba") for k in model.layer_attention):
             notes.append(f"attention block size {block_size} tokens: vLLM {fmt(version)} treats the hybrid "
                          f"architecture as hybrid although every layer is attention, and grows the block to hold the "
@@ -625,8 +638,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
-        specs = _kv_specs(model, layers, tp, block_size, kv_bytes, state, ds_mla)
-        draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv_bytes) if stage == pp - 1 else []
+        specs = _kv_specs(model, layers, tp, block_size, kv, state, ds_mla)
+        draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv) if stage == pp - 1 else []
         layout = build_layout(specs + draft_specs, hybrid_manager, rel.hybrid_groups_max_if_close)
         layouts.append(layout)
         blocks_here = num_blocks(layout, int(available))

@@ -130,6 +130,7 @@ class VllmRelease:
     ernie_score_bias: bool               # ernie45_moe.py: the router's e_score_correction_bias [experts]
     ernie_router_fp32: bool              # ernie45_moe.py: router weight and score bias in float32
     # --- KV cache (v1/core/kv_cache_utils.py, v1/core/kv_cache_manager.py) ---
+    packed_kv_cache_dtypes: frozenset[str]  # --kv-cache-dtype values with packed scales (config/cache.py CacheDType)
     hybrid_kv_manager: bool              # V1 groups layers of different attention kinds
     chunked_local_disables_hybrid: bool  # chunked local attention turns the hybrid manager off
     concurrency_per_request_blocks: bool  # concurrency = blocks / blocks per request (else tokens / max len)
@@ -339,6 +340,7 @@ def release(version: Version) -> VllmRelease:
         kv_tokens_from_concurrency=_since(v, False, ((0, 21, 0), True)),    # kv_cache_utils._report_kv_cache_config
         unified_page_check=_since(v, False, ((0, 17, 0), True)),            # check_enough_kv_cache_memory
         fit_reserves_one_block=_since(v, False, ((0, 30, 0), True)),        # kv_cache_utils null block
+        packed_kv_cache_dtypes=frozenset(name for name, since in _PACKED_KV_CACHE_DTYPES.items() if v >= since),
         async_scheduling=_since(v, False, ((0, 26, 0), True)),              # config/scheduler.py
         v0_tokens_divided_by_pp=_since(v, False, ((0, 10, 0), True)),       # worker/worker.py
         block_sizes=_since(v, (8, 16, 32, 64, 128), ((0, 9, 0), (1, 8, 16, 32, 64, 128)),   # config/cache.py BlockSize
@@ -471,6 +473,16 @@ def nearest_cuda_release(compute_capability: tuple[int, int], version: Version) 
         return None
     newer = [r for r in running if r > version]
     return (newer[0], True) if newer else ((0, running[-1][1], 0), False)
+
+
+# --kv-cache-dtype values whose pages carry scales beside the values (kv.KV_CACHE_DTYPES), and the first release whose
+# config/cache.py CacheDType lists each
+_PACKED_KV_CACHE_DTYPES = {"nvfp4": (0, 20, 0), "int8_per_token_head": (0, 20, 0), "fp8_per_token_head": (0, 20, 0),
+                           "int4_per_token_head": (0, 25, 0), "nvfp4_4over6": (0, 28, 0)}
+
+
+def first_release_with_kv_cache_dtype(name: str) -> Version | None:
+    return _PACKED_KV_CACHE_DTYPES.get(name)
 
 
 def first_release_running(family: str) -> Version | None:
