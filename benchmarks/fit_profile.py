@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from plan_accuracy import ALL_DATA, contradicts_budget, disturbed, load_records, logged_stage, record_inputs  # noqa: E402
+from plan_accuracy import ALL_DATA, contradicts_budget, disturbed, experts_across_gpus, load_records, logged_stage, record_inputs  # noqa: E402
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402
@@ -112,7 +112,7 @@ def observations(records: list[dict]) -> list[Observation]:
     obs: list[Observation] = []
     for r in records:
         ve = _version_and_engine(r)
-        if ve is None or disturbed(r) or contradicts_budget(r):
+        if ve is None or disturbed(r) or contradicts_budget(r) or experts_across_gpus(r):
             continue
         version, engine = ve
         tp, pp = r.get("tensor_parallel_size") or 1, r.get("pipeline_parallel_size") or 1

@@ -82,6 +82,12 @@ def disturbed(r: dict) -> bool:
     return (r.get("non_torch_gib") or 0) < 0 or (r.get("outcome") == "ok" and (r.get("kv_cache_memory_gib") or 0) < 0)
 
 
+def experts_across_gpus(r: dict) -> bool:
+    """Expert parallelism over several GPUs: its all-to-all buffers (DeepEP, pplx, NVSHMEM) are in no figure modelled."""
+    return bool(r.get("enable_expert_parallel")) and \
+        (r.get("tensor_parallel_size") or 1) * (r.get("data_parallel_size") or 1) > 1
+
+
 def contradicts_budget(r: dict) -> bool:
     """One GPU's logged figures that break vLLM's own arithmetic are not one run's (a table transcribed wrong): up to
     0.26, available KV = total x utilization - weights - activation peak - non-torch, less the CUDA-graph estimate
@@ -165,7 +171,7 @@ def record_inputs(r: dict):
     if contradicts_budget(r):
         raise LookupError("its figures do not add up as vLLM adds them (available KV != requested - weights - "
                           "activation - non-torch): not one run's")
-    if r.get("enable_expert_parallel") and ((r.get("tensor_parallel_size") or 1) * (r.get("data_parallel_size") or 1)) > 1:
+    if experts_across_gpus(r):
         raise LookupError("expert parallelism's all-to-all buffers are not modelled (the plan warns)")
     if not model_id(r):
         raise LookupError(f"no model id in the record ({r.get('model')!r})")

@@ -51,7 +51,7 @@ class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
     non_torch_single_gib: float = 0.264       # cuBLAS / attention workspaces, one GPU (V1 from 0.17)
-    non_torch_single_early_gib: float = 0.134  # the same before 0.17 (0.10-0.12 logs)
+    non_torch_single_early_gib: float = 0.135  # the same before 0.17 (0.10-0.12 logs)
     non_torch_tp_gib: float = 2.11             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
     non_torch_tp_early_gib: float = 0.545     # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
@@ -63,10 +63,10 @@ class ProfileCoefficients:
     graph_per_layer_gib: float = 0.0139       # per decoder layer on the rank, at the default capture sizes
     graph_per_layer_tp_gib: float = 0.0       # per decoder layer, the part sharded over TP ranks (/ tp)
     graph_moe_gib_per_m: float = 1.75         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.267         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
-    graph_est_per_layer_gib: float = 0.0171
+    graph_est_base_gib: float = 0.251         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_per_layer_gib: float = 0.0174
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 1.16
+    graph_est_moe_gib_per_m: float = 1.18
 
 
 COEFFICIENTS = ProfileCoefficients()
