@@ -166,6 +166,8 @@ def record_inputs(r: dict):
         raise LookupError("a fork of vLLM, not modelled")
     if r.get("outcome") is None:
         raise LookupError("the log does not show whether vLLM started")
+    if r.get("launch_args_cut"):
+        raise LookupError("its launch settings are cut off in the log: it cannot be planned as it was launched")
     if disturbed(r):
         raise LookupError("profiling disturbed by other processes (negative memory logged by a run that started)")
     if contradicts_budget(r):
