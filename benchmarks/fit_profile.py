@@ -33,6 +33,7 @@ from plan_accuracy import ALL_DATA, contradicts_budget, disturbed, experts_acros
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402
+from oomguard.engines.vllm.platform import platform_of  # noqa: E402
 from oomguard.engines.vllm.releases import release  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import padded_vocab  # noqa: E402
@@ -118,10 +119,11 @@ def observations(records: list[dict]) -> list[Observation]:
         tp, pp = r.get("tensor_parallel_size") or 1, r.get("pipeline_parallel_size") or 1
         gpu = _gpu(r)
         link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
+        graphs = not r.get("enforce_eager") and not (gpu and platform_of(gpu).rocm)
         if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # no model needed: layout, version, GPU
             names = GROUPS["non_torch"][1]
             obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
-                lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc), names),)))
+                lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc, graphs=graphs), names),)))
         # on unified memory (GB10) the OS's own use shows as used GPU memory, and a start refused because memory was
         # in use measures another process: neither is the CUDA context this models
         if r.get("gpu_total_memory_gib") and r.get("gpu_free_at_start_gib") and not (gpu and gpu.unified_memory) \

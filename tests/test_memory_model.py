@@ -164,6 +164,17 @@ def test_hybrid_mamba_models_are_refused_not_approximated():
         parse_config(config, "ai21labs/Jamba-v0.1")
 
 
+def test_one_gpu_non_torch_grows_where_the_graph_estimate_runs_inside_the_window():
+    # llm-d-planner's version sweep, Qwen3-14B on H100: "non-torch forward increase" 0.13 GiB on 0.15, 0.16 and 0.17,
+    # 0.25 on 0.18, the first release that calls profile_cudagraph_memory inside memory_profiling
+    qwen = dict(model="Qwen/Qwen3-14B", gpu_memory_utilization=0.95)
+    before, after = (run(version=v, **qwen).first.non_torch_bytes / GiB for v in ((0, 17, 0), (0, 18, 0)))
+    assert before == pytest.approx(0.13, abs=0.01) and after == pytest.approx(0.25, abs=0.02)
+    # no graphs, no estimate; and 0.27 runs it after the window
+    assert run(version=(0, 18, 0), enforce_eager=True, **qwen).first.non_torch_bytes / GiB == pytest.approx(before)
+    assert run(version=(0, 27, 0), **qwen).first.non_torch_bytes / GiB == pytest.approx(before)
+
+
 def test_pipeline_stages_split_layers_like_vllm():
     r = run(pipeline_parallel_size=2, gpus=2)
     assert [w.layers for w in r.workers] == [16, 16]

@@ -613,7 +613,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             activation = int(encoder.activation_peak(activation))
             held = encoder.held_bytes
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
-                                            gpu.compute_capability)
+                                            gpu.compute_capability, graphs=not cfg.enforce_eager and not platform.rocm)
         if rel.lora_in_weights:   # allocated inside load_model's profiler: "Model loading took" includes them
             weights += adapters
         elif rel.v0_counts_cuda_context:   # 0.6: allocated after the weights line, caught as non-torch memory

@@ -50,8 +50,8 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    non_torch_single_gib: float = 0.264       # cuBLAS / attention workspaces, one GPU (V1 from 0.17)
-    non_torch_single_early_gib: float = 0.135  # the same before 0.17 (0.10-0.12 logs)
+    non_torch_single_gib: float = 0.263       # one GPU, with the CUDA-graph estimate inside the window (0.18-0.26)
+    non_torch_single_early_gib: float = 0.133  # one GPU otherwise: lazily loaded kernels, cuBLAS handles
     non_torch_tp_gib: float = 2.11             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
     non_torch_tp_early_gib: float = 0.545     # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
@@ -178,16 +178,21 @@ def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 
 
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
-                    interconnect: str = "nvlink", compute_capability: tuple[int, int] = (9, 0)) -> int:
+                    interconnect: str = "nvlink", compute_capability: tuple[int, int] = (9, 0),
+                    graphs: bool = True) -> int:
     """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py), fitted per band.
 
-    From 0.11 Worker.init_device sets up NCCL and custom all-reduce before the initial snapshot, so TP over NVLink
-    adds only what the profile run creates (PyTorch's TP-group communicator); from 0.17 on Hopper and newer the
-    profile run also creates FlashInfer's all-reduce fusion workspace. Over PCIe vLLM turns custom all-reduce off
-    and NCCL keeps its buffers mostly in host memory. Before 0.11 NCCL is set up inside the window: the 0.17+
-    figure stands in for it (no log of those versions with TP over NVLink is in the data)."""
+    On one GPU, 0.18-0.26 estimate the CUDA-graph pool inside the window (gpu_worker.determine_available_memory
+    calls profile_cudagraph_memory there unless graphs are off): what that capture leaves behind is counted too (one
+    Qwen3-14B H100 setup logged 0.13 GiB on 0.15, 0.16 and 0.17 and 0.25 on 0.18). From 0.11 Worker.init_device
+    sets up NCCL and custom all-reduce before the initial snapshot, so TP over NVLink adds only what the profile run
+    creates (PyTorch's TP-group communicator); from 0.17 on Hopper and newer the profile run also creates FlashInfer's
+    all-reduce fusion workspace, and the 0.19 logs show 1.5 GiB more (docs/research/vllm-nontorch-and-cuda-graphs.md).
+    Over PCIe vLLM turns custom all-reduce off and NCCL keeps its buffers mostly in host memory. Before 0.11 NCCL is
+    set up inside the window: the 0.17+ figure stands in for it (no log of those versions with TP over NVLink is in
+    the data)."""
     rel = release(version)
-    single = c.non_torch_single_gib if rel.flashinfer_allreduce_fusion else c.non_torch_single_early_gib
+    single = c.non_torch_single_gib if rel.graph_estimate_in_window and graphs else c.non_torch_single_early_gib
     if engine == "v0":
         gib = c.non_torch_v06_gib if rel.v0_counts_cuda_context else c.non_torch_v0_gib
     elif tp > 1 and interconnect == "pcie":
