@@ -49,7 +49,7 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 @dataclass(frozen=True)
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
-    forward_bytes_per_inter: float = 4.87     # per token per MLP-intermediate unit on this rank (gate/up/act)
+    forward_bytes_per_inter: float = 4.74     # per token per MLP-intermediate unit on this rank (gate/up/act)
     non_torch_single_gib: float = 0.263       # one GPU, with the CUDA-graph estimate inside the window (0.18-0.26)
     non_torch_single_early_gib: float = 0.133  # one GPU otherwise: lazily loaded kernels, cuBLAS handles
     non_torch_tp_gib: float = 2.11             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
@@ -59,14 +59,14 @@ class ProfileCoefficients:
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.474             # CUDA-graph pool, fixed part
+    graph_base_gib: float = 0.47             # CUDA-graph pool, fixed part
     graph_per_layer_gib: float = 0.0139       # per decoder layer on the rank, at the default capture sizes
     graph_per_layer_tp_gib: float = 0.0       # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 1.75         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.251         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
-    graph_est_per_layer_gib: float = 0.0174
+    graph_moe_gib_per_m: float = 1.77         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.254         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_est_per_layer_gib: float = 0.0175
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 1.18
+    graph_est_moe_gib_per_m: float = 1.16
 
 
 COEFFICIENTS = ProfileCoefficients()
