@@ -19,10 +19,10 @@ CATALOG_DIR = Path(__file__).resolve().parents[1] / "oomguard" / "models" / "cat
 TOP_LEVEL_KEYS = {"id", "source_url", "verified_with", "safetensors_total_bytes", "safetensors_source_url", "config"}
 # An "assembled" entry holds only the fields the memory model needs, each read from public sources where no
 # verbatim config.json copy was found; it lists every source it used (at least two that agree).
-OPTIONAL_KEYS = {"assembled_from"}
 # "assembled" entries (no verbatim config.json found): only the fields the memory model needs, each read from the
 # public sources listed here (source_url first, then the copies it was checked against)
-OPTIONAL_KEYS = {"assembled_from"}
+# mistral_consolidated: the repository also ships Mistral's own format, with the public source that shows it
+OPTIONAL_KEYS = {"assembled_from", "mistral_consolidated", "mistral_consolidated_source_url"}
 DECODER_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 FILES = sorted(CATALOG_DIR.glob("*.json"))

@@ -218,6 +218,22 @@ def test_gpt_oss_weights_match_vllm_logs():
     assert any("MXFP4" in a and "marlin" in a for a in big.assumptions)
 
 
+def test_a_mistral_format_repository_keeps_its_vision_tower_whole_on_every_rank_from_0_12():
+    # llm-d-planner's 0.19 runs of mistralai/Mistral-Small-3.1-24B-Instruct-2503 on H100: 44.76 GiB at TP 1, 22.80 at
+    # TP 2 and 11.86 at TP 4 per GPU: more than half and a quarter, by the Pixtral tower vLLM then loads from Mistral's
+    # own files (pixtral.py VisionTransformer, nn.Linear layers)
+    small = dict(model="mistralai/Mistral-Small-3.1-24B-Instruct-2503", gpu_memory_utilization=0.95)
+    assert run(**small).first.weights_bytes / GiB == pytest.approx(44.76, abs=0.05)
+    assert run(tensor_parallel_size=2, gpus=2, **small).first.weights_bytes / GiB == pytest.approx(22.80, abs=0.05)
+    assert run(tensor_parallel_size=4, gpus=4, **small).first.weights_bytes / GiB == pytest.approx(11.86, abs=0.06)
+    # before 0.12 config.json's Mistral3 class loads, whose tower vLLM splits like the language model
+    old = run(version=(0, 11, 0), tensor_parallel_size=2, gpus=2, **small).first.weights_bytes / GiB
+    assert old == pytest.approx(44.76 / 2, abs=0.05)
+    # a copy under another name (an llm-compressor export) is config.json's format whatever the release
+    from oomguard.models.load import load_model
+    assert not load_model("RedHatAI/Mistral-Small-3.1-24B-Instruct-2503-FP8-dynamic").mistral_consolidated
+
+
 def test_pipeline_stage_activation_and_graphs_differ_by_stage():
     # the last stage runs the sampler; graphs scale with the layers on the rank
     r = run(pipeline_parallel_size=4, gpus=4)

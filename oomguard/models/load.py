@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 import struct
+from dataclasses import replace
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -44,7 +45,8 @@ def from_catalog(model_id: str) -> ModelSpec:
     entry = catalog_entry(model_id)
     if entry is None:
         raise unknown_model(model_id)
-    return parse_config(entry["config"], entry["id"], entry.get("safetensors_total_bytes"), entry.get("source_url", ""))
+    spec = parse_config(entry["config"], entry["id"], entry.get("safetensors_total_bytes"), entry.get("source_url", ""))
+    return replace(spec, mistral_consolidated=bool(entry.get("mistral_consolidated")))
 
 
 def unknown_model(model_id: str, hub_error: Exception | None = None) -> UsageError:

@@ -68,6 +68,7 @@ def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
             return None
         base = from_catalog(matches[0])
     quant = quant_from_name(model_id) or base.quant
-    return replace(base, model_id=model_id, quant=quant, resolved_from=base.model_id,
+    # a copy under another name is a Hugging Face-format export (llm-compressor, AutoAWQ, ...), not Mistral's own files
+    return replace(base, model_id=model_id, quant=quant, resolved_from=base.model_id, mistral_consolidated=False,
                    source=f"{base.source} (as {base.model_id})", checkpoint_bytes=None if quant != base.quant else
                    base.checkpoint_bytes)

@@ -279,6 +279,9 @@ class ModelSpec:
     checkpoint_bytes: int | None = None          # exact, from safetensors metadata, when known
     source: str = ""
     resolved_from: str = ""                      # the catalog model this id was planned as (models/resolve.py)
+    # the repository also holds Mistral's own format (params.json and consolidated*.safetensors), which vLLM loads in
+    # preference to config.json from 0.12 (transformers_utils/config.py get_config, config_format "auto")
+    mistral_consolidated: bool = False
     load_notes: tuple[str, ...] = ()             # what the plan should say about where the model came from
     # Per-layer attention shapes where layers differ (Gemma 4's full-attention layers: global_head_dim and
     # num_global_key_value_heads); empty: head_dim and num_kv_heads everywhere

@@ -119,6 +119,7 @@ class VllmRelease:
                                          # this release runs
     gemma4_kv_shared_q_only: bool        # gemma4.py: a KV-shared layer builds q_proj only (else a full qkv_proj)
     gemma3n_kv_shared_q_only: bool       # gemma3n.py: the same for Gemma 3n
+    mistral_format_first: bool           # a repo with params.json + consolidated*.safetensors loads in Mistral's format
     gemma3n_multimodal: bool             # Gemma3nForConditionalGeneration is gemma3n_mm.py (towers, PLE buffer), else
                                          # gemma3n.py's text-only class
     # --- DeepSeek-V3.2 / GLM-5 sparse attention (models/deepseek_v2.py Indexer, models/deepseek_v32/ from 0.30) ---
@@ -323,6 +324,7 @@ def release(version: Version) -> VllmRelease:
         late_model_types=frozenset(t for t, since in _LATE_MODEL_TYPES.items() if v >= since),
         gemma4_kv_shared_q_only=_since(v, False, ((0, 30, 0), True)),     # models/gemma4.py Gemma4Attention
         gemma3n_kv_shared_q_only=_since(v, False, ((0, 30, 0), True)),    # models/gemma3n.py Gemma3nAttention
+        mistral_format_first=_since(v, False, ((0, 12, 0), True)),          # transformers_utils/config.py get_config
         gemma3n_multimodal=_since(v, False, ((0, 10, 1), True)),          # registry.py -> gemma3n_mm.py
         dsa_indexer_wk_fused=_since(v, False, ((0, 20, 0), True)),        # deepseek_v2.py Indexer.wk_weights_proj
         dsa_indexer_rope=_since(v, False, ((0, 12, 0), True)),            # deepseek_v2.py indexer_rope_emb

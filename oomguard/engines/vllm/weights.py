@@ -385,9 +385,13 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
 
 
 def served_spec(model: ModelSpec, version: Version | None) -> ModelSpec:
-    """The model as `version` builds it where a release serves less of the checkpoint: Gemma 3n before 0.10.1 ran on
+    """The model as `version` builds it where a release serves the checkpoint another way: Gemma 3n before 0.10.1 ran on
     gemma3n.py's text-only Gemma3nForConditionalGeneration (load_weights skips the towers and embedders; no
-    per-layer-embedding buffer), gemma3n_mm.py's multimodal class from 0.10.1."""
+    per-layer-embedding buffer), gemma3n_mm.py's multimodal class from 0.10.1. A repository in Mistral's own format
+    loads, from 0.12, as pixtral.py's PixtralForConditionalGeneration, whose VisionTransformer, patch merger and
+    vision-language adapter are plain nn.Linear layers: whole on every TP rank."""
+    if model.mistral_consolidated and model.vision and version is not None and release(version).mistral_format_first:
+        model = replace(model, vision=replace(model.vision, replicated=True, split_params=0))
     if model.gemma3n and version is not None and not release(version).gemma3n_multimodal and (
             model.vision or (model.per_layer_embed and model.per_layer_embed.batch_buffer)):
         ple = model.per_layer_embed
