@@ -117,12 +117,18 @@ def _source_group(record: dict) -> str:
 _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # collected_e.jsonl is a fresh holdout (issue 16, second round): collected before any change of that round, scored
 # once as the baseline and once at the end; no record of it was read while changing the rules.
-_FRESH_FILES = ("collected_e.jsonl",)
+# collected_f.jsonl (third round) was scored before any change of that round; its misses were then read, each traced
+# to the engine's source wording or mechanism, so after that round it is a read set. collected_g.jsonl was collected
+# after the third round's changes and scored once, never read while tuning.
+_FRESH_FILES = ("collected_e.jsonl", "collected_g.jsonl")
+_READ_FRESH_FILES = ("collected_f.jsonl",)
 
 
 def _read_group(record: dict) -> str | None:
     if record["_file"] in _FRESH_FILES:
         return f"{record['_file'].removesuffix('.jsonl')} (fresh, never read)"
+    if record["_file"] in _READ_FRESH_FILES:
+        return f"{record['_file'].removesuffix('.jsonl')} (fresh at baseline, misses read)"
     if record["_file"] not in _SPLIT_FILES:
         return None
     name = record["_file"].removesuffix(".jsonl")

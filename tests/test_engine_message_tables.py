@@ -1,4 +1,4 @@
-"""The SGLang and Ollama message tables (oomguard/engines/{sglang,ollama}/messages.json): schema, and that every
+"""The SGLang, Ollama and TGI message tables (oomguard/engines/{sglang,ollama,tgi}/messages.json): schema, and that every
 `pattern` pulls its numbers out of a line rendered the way the engine prints it."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import pytest
 from oomguard.diagnose.model import LOG_CLASSES
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINES = ("sglang", "ollama")
+ENGINES = ("sglang", "ollama", "tgi")
+MIN_ROWS = {"tgi": 5}   # TGI's table holds only the messages its launcher, router and warm-up fail with
 STAGES = {"config", "model_access", "weights_load", "profile", "graph_capture", "kv_alloc", "startup_other",
           "request", "runtime", "client", "shutdown"}
-KEYS = {"id", "needle", "pattern", "class", "stage", "weight", "source", "cause"}
-REQUIRED = KEYS - {"pattern"}
+KEYS = {"id", "needle", "pattern", "class", "stage", "weight", "source", "cause", "require"}
+REQUIRED = KEYS - {"pattern", "require"}
 
 
 def load(engine: str) -> dict:
@@ -180,6 +181,20 @@ SAMPLES = {
         {"kv_size": "2", "parallel": "4"}),
     "ollama.cuda_gpu_too_old": ("[0] CUDA GPU is too old. Compute Capability detected: 3.5",
                                 {"compute_capability": "3.5"}),
+    # Go's os/exec ExitError as Ollama wraps it (llm/server.go WaitUntilRunning)
+    "ollama.runner_crash_status": ("Error: llama runner process has terminated: exit status 0xc000001d",
+                                   {"exit_status": "0xc000001d"}),
+    # TGI: the f-string of flash_causal_lm.py warmup; the thiserror formats of router/src/validation.rs and
+    # backends/v3/src/lib.rs
+    "tgi.warmup_prefill": ("RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "
+                           "`--max-batch-prefill-tokens`", {"prefill_tokens": "4096"}),
+    "tgi.not_enough_memory_total": ("Error: Backend(NotEnoughMemory(8192)) Not enough memory to handle "
+                                    "`max_total_tokens=8192`", {"max_model_len": "8192"}),
+    "tgi.max_total_tokens": ("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 4096. Given: 4000 "
+                             "`inputs` tokens and 512 `max_new_tokens`",
+                             {"max_model_len": "4096", "prompt_tokens": "4000", "max_tokens": "512"}),
+    "tgi.input_length": ("Input validation error: `inputs` must have less than 4095 tokens. Given: 5000",
+                         {"max_model_len": "4095", "prompt_tokens": "5000"}),
 }
 
 
@@ -188,7 +203,7 @@ def test_top_level_shape():
         table = load(engine)
         assert set(table) == {"_about", "messages"}, engine
         assert isinstance(table["_about"], str) and table["_about"].strip()
-        assert 20 <= len(table["messages"]) <= 120, engine
+        assert MIN_ROWS.get(engine, 20) <= len(table["messages"]) <= 120, engine
 
 
 def test_classes_match_the_diagnose_contract():
@@ -207,7 +222,9 @@ def test_row_schema(engine, row):
     assert not re.search(r"%[-+ #0-9.]*[sdvqwfx]|\{[^}]*\}", needle), "a format placeholder is not literal text"
     assert row["stage"] in STAGES
     assert isinstance(row["weight"], float) and 0.5 <= row["weight"] <= 0.97
-    assert row["source"].strip() and re.search(r"\.(py|go|cpp)\b", row["source"]) and "(" in row["source"]
+    assert row["source"].strip() and re.search(r"\.(py|go|cpp|rs)\b", row["source"]) and "(" in row["source"]
+    if row.get("require"):
+        assert row["require"] is True and "pattern" in row, "a required pattern needs a pattern"
     assert row["cause"].strip() and row["cause"].rstrip().endswith((".", ")"))
     placeholders = {name for _, name, _, _ in string.Formatter().parse(row["cause"]) if name}
     if "pattern" in row:

@@ -303,6 +303,29 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("runner.stack_overrun", C.ENGINE_BUG, "0xc0000409", 0.65, "Windows (STATUS_STACK_BUFFER_OVERRUN)",
               kind="bug", cause="The model runner crashed (Windows' fail-fast code for an abort inside it) with no "
                                 "allocation failure before it: most often a model newer than the runner; upgrade."),
+    # CPython's own wordings for a call or an import the installed code does not have: packages of mismatched
+    # releases (an engine and its wrapper, vLLM and transformers) or a defect; no setting of the engine causes them
+    Signature("py.cannot_import", C.ENGINE_BUG, "cannot import name", 0.7,
+              "CPython Python/ceval.c:import_from ('cannot import name %R from %R')",
+              cause="A package imports a name the installed release of another does not have: mismatched releases "
+                    "(install the versions the engine or wrapper pins)."),
+    Signature("py.unexpected_kwarg", C.ENGINE_BUG, "got an unexpected keyword argument", 0.65,
+              "CPython Python/ceval.c / Python/getargs.c ('%U() got an unexpected keyword argument %R')", kind="bug",
+              cause="Code calls a function with an argument the installed release does not take: mismatched "
+                    "releases of the engine and the code around it, or a defect."),
+    Signature("py.positional_args", C.ENGINE_BUG, "positional argument", 0.65,
+              "CPython Python/ceval.c ('%U() takes %d positional argument%s but %d %s given')", kind="bug",
+              require=True, pattern=r"takes (?:from \d+ to )?\d+ positional arguments? but \d+ (?:was|were) given",
+              cause="Code calls a function with a different number of arguments than it takes: mismatched releases "
+                    "or a defect."),
+    # glibc aborts the process when its heap bookkeeping is corrupt: memory corruption in native code
+    Signature("glibc.heap_corruption", C.ENGINE_BUG, "double free or corruption", 0.75,
+              "glibc malloc/malloc.c:malloc_printerr", kind="bug",
+              cause="The C library found the heap corrupted (a double free) and aborted: a crash in native code of "
+                    "the engine or a library it loads."),
+    Signature("glibc.invalid_pointer", C.ENGINE_BUG, "free(): invalid pointer", 0.72,
+              "glibc malloc/malloc.c:malloc_printerr", kind="bug",
+              cause="The C library found the heap corrupted and aborted: a crash in native code."),
     Signature("py.assertion", C.ENGINE_BUG, "assertionerror", 0.55, "Python assert", kind="bug",
               cause="An internal assertion failed."),
     Signature("py.not_implemented", C.ENGINE_BUG, "notimplementederror", 0.5, "Python", kind="bug",

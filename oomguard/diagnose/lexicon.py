@@ -46,7 +46,7 @@ LEXICON: dict[str, tuple[str, ...]] = {
     C.OOM_RUNTIME: (r"out of memory", r"\boom\b", r"(?:failed|unable|cannot) (?:to )?allocate", r"alloc(?:ation)? failed",
                     r"not enough memory|insufficient memory"),
     C.ENGINE_BUG: (r"assert", r"segmentation fault|segfault|core dumped|sigsegv|sigabrt", r"illegal memory access",
-                   r"device-side assert|index out of bounds", r"\bnan\b", r"\bbug\b", r"not implemented|unimplemented",
+                   r"device-side assert|index out of bounds", r"\bnan\b", r"\bbug\b", r"not implemented|unimplemented|not (?:yet )?supported yet",
                    r"\bcrash", r"unknown model architecture|architectures? .{0,40}not supported"),
 }
 

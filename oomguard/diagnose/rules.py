@@ -19,6 +19,7 @@ from oomguard.diagnose.scan import SHORT_TEXT, ClassHits, OomEvent, Scanner
 from oomguard.engines.llamacpp import fixes as llamacpp
 from oomguard.engines.ollama import fixes as ollama
 from oomguard.engines.sglang import fixes as sglang
+from oomguard.engines.tgi import fixes as tgi
 from oomguard.engines.vllm import fixes as vllm
 from oomguard.engines.vllm.startup_log import PHASES, PROFILE_FRAMES, RUNTIME_FRAMES, WEIGHT_FRAMES, stage_of
 from oomguard.failures import FailureClass
@@ -164,7 +165,16 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
         kind = hits.kind if hits else "error"
         if cls == oom_class and kind == "hint":   # a hint that agrees with an out-of-memory error is not a mere hint
             kind = "oom"
-        summary, fixes = _build(cls, numbers, facts, hits, why)
+        oom_engine = None
+        if cls == oom_class and hits is None:
+            # an allocator's error names no engine: the engine whose own lines the log holds gives the fixes
+            sig = scanner.ooms[0].signature
+            oom_engine = sig.engine if sig is not None and sig.engine != "any" else \
+                next((e for e in ("tgi", "sglang", "ollama", "llamacpp") if e in scanner.engines), None)
+        summary, fixes = _build(cls, numbers, facts, hits, why, oom_engine)
+        host_kill = _host_memory_kill(scanner) if cls == oom_class else None
+        if host_kill is not None:
+            summary, fixes = host_kill.describe(numbers), list(_HOST_MEMORY_FIXES)
         finding = Finding(cls, min(weight, 0.99), summary, _evidence(hits, extra), fixes, numbers=numbers)
         if cls == oom_class and oom_why and cls.startswith("oom_"):
             finding.notes.append(f"placed as {cls} because {oom_why}")
@@ -175,6 +185,7 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     if not scanner.error_lines:  # keyword hints alone, in a log without a single error line, are not findings
         scored = [s for s in scored if s[3] != "hint"]
     scored = _precedence(scored, generic)
+    _crash_after_oom(scored, oom_class)
     _known_regressions(scored, facts)
     scored.sort(key=lambda s: (-s[0], s[1]))
     findings = [f for w, _, f, _ in scored if w >= MIN_SCORE][:MAX_FINDINGS]
@@ -396,12 +407,13 @@ def _evidence_for(scanner: Scanner, oom_numbers: dict) -> dict:
 
 
 # engines whose own messages bring their own fixes; vLLM's are the default (its flags are the users' usual ones)
-_ENGINE_FIXES = {"llamacpp": llamacpp.build, "sglang": sglang.build, "ollama": ollama.build}
+_ENGINE_FIXES = {"llamacpp": llamacpp.build, "sglang": sglang.build, "ollama": ollama.build, "tgi": tgi.build}
 
 
-def _build(cls: FailureClass, numbers: dict, facts: dict, hits: ClassHits | None, why: str) -> tuple[str, list[Fix]]:
+def _build(cls: FailureClass, numbers: dict, facts: dict, hits: ClassHits | None, why: str,
+           oom_engine: str | None = None) -> tuple[str, list[Fix]]:
     """The engine whose message is the evidence gives the fixes, in its own flags."""
-    engine = hits.best.engine if hits and hits.best else "any"   # the surest message's engine (SGLang and vLLM
+    engine = hits.best.engine if hits and hits.best else oom_engine or "any"   # the surest message's engine (SGLang and vLLM
     if engine == "any" and hits:                                    # share some wordings)
         engine = next((s.engine for s in hits.signatures.values() if s.engine == "llamacpp"), "any")
     built = _ENGINE_FIXES[engine](cls, numbers, facts, hits, why) if engine in _ENGINE_FIXES else None
@@ -451,6 +463,45 @@ def _precedence(scored: list, generic: set = frozenset()) -> list:
                                  "any failure can end in")
             out[i] = (specific - 0.01, line, finding, kind)
     return out
+
+
+# A process that dies after an out-of-memory error (an abort, a crash status, a heap the allocator left corrupt) dies
+# of it: ggml aborts on a failed CUDA allocation, which a Go runner reports as exit status 2 and a Python worker as
+# "core dumped". The crash is the consequence; the out-of-memory error, wherever it was placed, is the cause.
+def _crash_after_oom(scored: list, oom_class) -> None:
+    if oom_class is None:
+        return
+    oom_weight = max((w for w, _, f, _ in scored if f.cls == oom_class), default=0.0)
+    for i, (weight, line, finding, kind) in enumerate(scored):
+        crash = finding.cls == FailureClass.ENGINE_BUG and kind == "bug"
+        if (crash or finding.cls == FailureClass.UNKNOWN) and weight >= oom_weight > 0:
+            finding.notes.append("ranked below the out-of-memory error the text also holds: a process that exits "
+                                 "after it exits of it")
+            scored[i] = (oom_weight - 0.01, line, finding, kind)
+
+
+# Out-of-memory kills of host RAM, not GPU memory (diagnose/layer_messages.json): their fixes are the host's
+HOST_MEMORY_KILLS = frozenset({"ray.memory_monitor_kill", "ray.memory_pressure_summary"})
+
+
+def _host_memory_kill(scanner: Scanner):
+    """The host-RAM kill signature an out-of-memory event's line holds (one event per line: the line may also hold
+    a generic needle such as ray.exceptions.OutOfMemoryError's class name), or None."""
+    from oomguard.diagnose.scan import ALL_SIGNATURES
+    kills = [sig for sig in ALL_SIGNATURES if sig.id in HOST_MEMORY_KILLS]
+    for event in scanner.ooms:
+        text = event.text.lower()
+        for sig in kills:
+            if sig.needle in text:
+                return sig
+    return None
+_HOST_MEMORY_FIXES = [
+    Fix("the node's host RAM ran out, not the GPU's", action="run fewer Ray workers/actors per node (more CPUs per "
+        "task), or give the node more RAM"),
+    Fix("host-side buffers grow with CPU offload, swap space and sleep mode",
+        action="lower --cpu-offload-gb / --swap-space, or disable sleep mode"),
+    Fix("Ray kills at 95% of host RAM by default", action="RAY_memory_usage_threshold raises the kill threshold "
+        "(the kernel's OOM killer still applies)")]
 
 
 def _known_regressions(scored: list, facts: dict) -> None:

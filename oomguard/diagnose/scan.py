@@ -17,6 +17,7 @@ from typing import Iterable
 from oomguard.diagnose import oom
 from oomguard.failures import Signature, message_table
 from oomguard.engines.llamacpp import signatures as llamacpp_signatures
+from oomguard.engines.tgi import signatures as tgi_signatures
 from oomguard.engines.vllm import signatures as vllm_signatures
 from oomguard.engines.vllm import startup_log
 
@@ -30,7 +31,8 @@ for _package, _name, _engine in (("oomguard.engines.vllm", "messages.json", "vll
                                  ("oomguard.engines.llamacpp", "messages.json", "llamacpp"),
                                  ("oomguard.diagnose", "layer_messages.json", "any"),
                                  ("oomguard.engines.sglang", "messages.json", "sglang"),
-                                 ("oomguard.engines.ollama", "messages.json", "ollama")):
+                                 ("oomguard.engines.ollama", "messages.json", "ollama"),
+                                 ("oomguard.engines.tgi", "messages.json", "tgi")):
     ALL_SIGNATURES += message_table(_package, _name, engine=_engine, known=ALL_SIGNATURES)
 
 WINDOW = 4            # lines after a hit read for its numbers
@@ -189,6 +191,9 @@ def _needles() -> tuple[dict[str, list], Matcher]:
         handlers.setdefault(needle, []).append(("fact", (name, regex)))
     for needle, phase in startup_log.PHASE_MARKERS + llamacpp_signatures.PHASE_MARKERS:
         handlers.setdefault(needle, []).append(("phase", phase))
+    for needle, phase in tgi_signatures.PHASE_MARKERS:   # TGI's launcher lines also say the log is TGI's
+        handlers.setdefault(needle, []).append(("phase", phase))
+        handlers[needle].append(("engine", "tgi"))
     for needle, phase in startup_log.PHASE_HINTS:
         handlers.setdefault(needle, []).append(("phase_hint", phase))
     handlers.setdefault('file "', []).append(("frame", None))
@@ -264,6 +269,8 @@ class Scanner:
                     self.last_frame_line = number
                 elif kind == "phase_hint":
                     self.phase_hints.add(payload)
+                elif kind == "engine":
+                    self.engines.add(payload)
                 elif kind == "traceback":
                     self._frames_for(process).clear()
         self._prev_raw = text

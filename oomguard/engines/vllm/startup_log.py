@@ -120,6 +120,9 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
 PHASE_HINTS: tuple[tuple[str, str], ...] = (
     ("on startup", "startup"), ("at startup", "startup"), ("during startup", "startup"),
     ("profile run", "startup"), ("profiling", "startup"), ("graph capture", "capturing"),
+    # the warm-up is the engines' startup dummy run: vLLM's sampler/model warm-up, TGI's "Warming up model",
+    # llama.cpp's "warming up the model with an empty run"
+    ("warmup", "startup"), ("warm-up", "startup"), ("warming up", "startup"),
     ("capturing", "capturing"), ("loading the model", "loading"), ("loading weights", "loading"),
     ("prompt_logprobs", "serving"), ("logprobs", "serving"), ("concurrent requests", "serving"),
     ("while serving", "serving"), ("under load", "serving"), ("during inference", "serving"),

@@ -1,0 +1,186 @@
+"""Third round of engine texts: TGI's warm-up, validation and launcher phases, Ray's memory monitor, ggml's context
+pool and Vulkan allocations, Ollama's runner exit statuses, and the Python/glibc wordings of a release mismatch or a
+native crash. Each line below is rendered from the format string in the engine's source (the file each row's
+`source` names), not copied from a report."""
+
+from __future__ import annotations
+
+import os
+
+from oomguard.diagnose import diagnose_text
+
+
+def top(text: str) -> dict:
+    findings = diagnose_text(text, use_planner=False).to_dict()["findings"]
+    assert findings, f"no finding for {text!r}"
+    return findings[0]
+
+
+def flags(finding: dict) -> dict:
+    return {f["flag"]: f["value"] for f in finding["fixes"] if f.get("flag")}
+
+
+def actions(finding: dict) -> str:
+    return " ".join(f.get("action", "") for f in finding["fixes"])
+
+
+# --- TGI (server/text_generation_server/models/flash_causal_lm.py, router/src/validation.rs, launcher/src/main.rs) --
+
+def test_tgi_warmup_prefill_is_the_startup_profile_and_halves_the_prefill_budget():
+    text = ("RuntimeError: Not enough memory to handle 8192 prefill tokens. You need to decrease "
+            "`--max-batch-prefill-tokens`")
+    finding = top(text)
+    assert finding["class"] == "oom_profiling_or_graph"
+    assert flags(finding)["--max-batch-prefill-tokens"] == 4096
+    assert "--max-num-seqs" not in flags(finding)   # TGI's flags, not vLLM's
+
+
+def test_tgi_warmup_wording_found_in_the_router_log_form_too():
+    text = ("ERROR warmup{max_input_length=1024 max_prefill_tokens=4096}:warmup: text_generation_client: "
+            "router/client/src/lib.rs:33: Server error: Not enough memory to handle 4096 prefill tokens. You need "
+            "to decrease `--max-batch-prefill-tokens`")
+    assert top(text)["class"] == "oom_profiling_or_graph"
+
+
+def test_tgi_not_enough_memory_for_max_total_tokens_is_the_kv_cache():
+    finding = top("Error: Backend(NotEnoughMemory(16000))\nNot enough memory to handle `max_total_tokens=16000`")
+    assert finding["class"] == "kv_cache_too_small"
+
+
+def test_tgi_validation_errors_are_context_too_long_with_their_numbers():
+    finding = top("Input validation error: `inputs` tokens + `max_new_tokens` must be <= 8192. Given: 8000 `inputs` "
+                  "tokens and 1024 `max_new_tokens`")
+    assert finding["class"] == "context_too_long"
+    assert "max-total-tokens" in actions(finding)
+    finding = top("Input validation error: `inputs` must have less than 4096 tokens. Given: 5120")
+    assert finding["class"] == "context_too_long"
+
+
+def test_tgi_oom_in_a_shard_that_never_started_is_the_weights():
+    text = "\n".join([
+        "2024-05-01T10:00:00.000000Z  INFO text_generation_launcher: Starting shard rank=0",
+        "2024-05-01T10:00:20.000000Z ERROR text_generation_launcher: Error when initializing model",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 112.00 MiB. GPU 0 has a total capacity "
+        "of 23.68 GiB of which 50.00 MiB is free. Including non-PyTorch memory, this process has 23.60 GiB memory "
+        "in use.",
+        "2024-05-01T10:00:21.000000Z ERROR text_generation_launcher: Shard 0 failed to start",
+        "Error: ShardCannotStart",
+    ])
+    finding = top(text)
+    assert finding["class"] == "oom_weights_load"
+    assert "num-shard" in actions(finding)
+
+
+def test_tgi_oom_during_the_warmup_method_is_the_profile_run():
+    text = "\n".join([
+        "2024-05-01T10:01:00.000000Z  INFO text_generation_launcher: Shard ready in 20.1s rank=0",
+        "2024-05-01T10:01:01.000000Z  INFO text_generation_router: Warming up model",
+        "2024-05-01T10:01:05.000000Z ERROR text_generation_launcher: Method Warmup encountered an error.",
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.",
+    ])
+    finding = top(text)
+    assert finding["class"] == "oom_profiling_or_graph"
+    assert "--max-batch-prefill-tokens" in flags(finding)
+
+
+# --- Ray's memory monitor (python/ray/exceptions.py, src/ray/raylet/node_manager.cc) -------------------------------
+
+def test_ray_memory_monitor_kill_is_host_ram_with_host_fixes():
+    for text in ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+                 "Memory on the node (IP: 10.0.0.1, ID: abc) where the task (task ID: 01, name=f, pid=42, memory "
+                 "used=30.10GB) was running was 60.00GB / 62.00GB (0.967), which exceeds the memory usage threshold "
+                 "of 0.95.",
+                 "2 worker(s) were killed due to the node running low on memory.",
+                 "(raylet) node_manager.cc:3069: 1 Workers (tasks / actors) killed due to memory pressure (OOM), 0 "
+                 "Workers crashed due to other reasons at node (ID: abc, IP: 10.0.0.1) over the last time period."):
+        finding = top(text)
+        assert finding["class"].startswith("oom_"), text
+        assert "host RAM" in finding["summary"]
+        assert "--gpu-memory-utilization" not in flags(finding)
+        assert "Ray workers" in actions(finding)
+
+
+def test_ray_kill_while_serving_is_runtime():
+    text = "\n".join(["INFO:     Application startup complete.",
+                      "ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory."])
+    assert top(text)["class"] == "oom_runtime"
+
+
+# --- ggml (ggml/src/ggml.c, ggml/src/ggml-vulkan/ggml-vulkan.cpp) ----------------------------------------------------
+
+def test_ggml_context_pool_is_the_programs_own_estimate():
+    finding = top("ggml_new_object: not enough space in the context's memory pool (needed 1048864, available "
+                  "1048576)")
+    assert finding["class"] == "engine_bug"
+    assert "1048864" in finding["summary"].replace(",", "")
+
+
+def test_vulkan_device_allocation_is_placed_by_the_loading_phase():
+    loading = "\n".join(["load_tensors: loading model tensors, this can take a while... (mmap = true)",
+                         "ggml_vulkan: Device memory allocation of size 8589934592 failed."])
+    assert top(loading)["class"] == "oom_weights_load"
+    context = "\n".join(["llama_context: constructing llama_context",
+                         "ggml_vulkan: Device memory allocation of size 2147483648 failed."])
+    assert top(context)["class"] == "oom_profiling_or_graph"
+
+
+# --- Ollama's runner exit (llm/server.go WaitUntilRunning: Go os/exec ExitError) -----------------------------------
+
+def test_ollama_runner_crash_statuses_are_the_engine():
+    for status in ("2", "127", "0xc000001d", "0xc0000005"):
+        finding = top(f"Error: llama runner process has terminated: exit status {status}")
+        assert finding["class"] == "engine_bug", status
+
+
+def test_ollama_exit_status_1_stays_unread():
+    # status 1 is the runner's own error exit: the reason is the line it printed, not the status
+    assert top("Error: llama runner process has terminated: exit status 1")["class"] != "engine_bug"
+
+
+def test_ollama_crash_after_an_allocation_failure_is_the_allocation():
+    text = "\n".join(["ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2048.00 MiB on device 0: cudaMalloc "
+                      "failed: out of memory",
+                      "Error: llama runner process has terminated: exit status 2"])
+    assert top(text)["class"].startswith("oom_")
+
+
+# --- CPython and glibc -------------------------------------------------------------------------------------------
+
+def test_python_release_mismatch_wordings_are_the_engine():
+    for text in ("ImportError: cannot import name 'launch_server_cmd' from 'sglang.utils'",
+                 "TypeError: Worker.__init__() got an unexpected keyword argument 'is_driver_worker'",
+                 "TypeError: gen_new.<locals>.new() takes 1 positional argument but 2 were given",
+                 "TypeError: forward() takes from 3 to 5 positional arguments but 6 were given"):
+        assert top(text)["class"] == "engine_bug", text
+
+
+def test_positional_argument_alone_is_not_a_finding_of_the_engine():
+    # the needle is gated by the interpreter's full sentence
+    findings = diagnose_text("the first positional argument is the model path", use_planner=False).findings
+    assert all(f.cls != "engine_bug" for f in findings)
+
+
+def test_heap_corruption_is_a_native_crash_unless_memory_ran_out_first():
+    assert top("double free or corruption (out)\nAborted (core dumped)")["class"] == "engine_bug"
+    text = "\n".join(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.",
+                      "free(): invalid pointer", "Aborted (core dumped)"])
+    assert top(text)["class"].startswith("oom_")
+
+
+# --- words ---------------------------------------------------------------------------------------------------------
+
+def test_oom_during_warmup_words_place_it_at_startup():
+    assert top("CUDA OOM during sampler warmup on the nightly build")["class"] == "oom_profiling_or_graph"
+    assert top("OOM while warming up the model")["class"] == "oom_profiling_or_graph"
+
+
+def test_warmup_without_memory_words_gives_no_memory_finding():
+    findings = diagnose_text("INFO warming up the model with an empty run\nINFO all slots are idle",
+                             use_planner=False).findings
+    assert all(not f.cls.startswith("oom_") for f in findings)
+
+
+def test_random_bytes_still_give_no_finding():
+    data = os.urandom(4096).decode("latin-1")
+    findings = diagnose_text(data, use_planner=False).findings
+    assert all(not f.cls.startswith("oom_") for f in findings)
