@@ -184,3 +184,49 @@ def test_random_bytes_still_give_no_finding():
     data = os.urandom(4096).decode("latin-1")
     findings = diagnose_text(data, use_planner=False).findings
     assert all(not f.cls.startswith("oom_") for f in findings)
+
+
+# --- the transport a failed operation ends in; torch.distributed's rendezvous; kernel capability checks ----------
+
+def test_a_registry_pull_that_times_out_is_the_network_not_the_model():
+    # Go's error chain as Ollama prints it (server/images.go PullModel wrapping net/http and net errors)
+    for inner in ("dial tcp 104.21.75.227:443: i/o timeout", "dial tcp: lookup <registry> on 127.0.0.53:53: no such host",
+                  "read tcp 10.0.0.2:51234->104.21.75.227:443: read: connection reset by peer",
+                  "net/http: TLS handshake timeout"):
+        text = f'Error: pull model manifest: Get "https://<registry>/v2/library/llama3/manifests/latest": {inner}'
+        assert top(text)["class"] == "connection", inner
+    # a manifest the registry refuses is still the model's
+    assert top("Error: pull model manifest: file does not exist")["class"] == "model_access"
+
+
+def test_a_hub_that_cannot_be_reached_stays_a_model_access_problem():
+    # transformers' own sentence names no transport error: the model is not cached and the hub is unreachable
+    text = ("OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't find it in the "
+            "cached files and it looks like meta-llama/Llama-3.1-8B is not the path to a directory")
+    assert top(text)["class"] == "model_access"
+
+
+def test_torch_distributed_rendezvous_failures_are_distributed_setup_not_a_client_connection():
+    # torch/csrc/distributed/c10d/socket.cpp's SocketConnectOp and TCPStore.cpp texts
+    for text in ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while trying to "
+                 "connect to (10.0.0.5, 29500).",
+                 "RuntimeError: The client socket has failed to connect to any network address of (head-node, 29500).",
+                 "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. 1/2 clients "
+                 "joined."):
+        assert top(text)["class"] == "nccl", text
+
+
+def test_kernel_capability_checks_are_the_gpu_generation():
+    # TGI's flash_attn.py f-string; flash-attn's TORCH_CHECK printed without and with its message
+    for text in ("ImportError: GPU with CUDA capability 7 0 is not supported for Flash Attention V2",
+                 "RuntimeError: Expected is_sm90 || is_sm8x || is_sm75 to be true, but got false.",
+                 "RuntimeError: FlashAttention only supports Ampere GPUs or newer."):
+        assert top(text)["class"] == "dtype_capability", text
+
+
+def test_marlin_tiles_that_do_not_split_over_the_gpus_are_a_parallel_layout_problem():
+    # marlin_utils.py verify_marlin_supports_shape's f-string
+    text = ("ValueError: Weight input_size_per_partition = 8960 is not divisible by min_thread_k = 128. Consider "
+            "reducing tensor_parallel_size or running with --quantization gptq.")
+    finding = top(text)
+    assert finding["class"] == "tp_misconfig" and "8960" in finding["summary"]

@@ -195,6 +195,9 @@ SAMPLES = {
                              {"max_model_len": "4096", "prompt_tokens": "4000", "max_tokens": "512"}),
     "tgi.input_length": ("Input validation error: `inputs` must have less than 4095 tokens. Given: 5000",
                          {"max_model_len": "4095", "prompt_tokens": "5000"}),
+    # layers/attention/flash_attn.py's f-string on a V100
+    "tgi.flash_attn_capability": ("ImportError: GPU with CUDA capability 7 0 is not supported for Flash Attention V2",
+                                  {"major": "7", "minor": "0"}),
 }
 
 

@@ -47,6 +47,23 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The GPU is in exclusive-process mode and another process holds it."),
     # --- NCCL / torch.distributed ---
     Signature("nccl.error", C.NCCL, "nccl error", 0.88, "torch/csrc/distributed/c10d/NCCLUtils", cause="NCCL failed."),
+    # torch.distributed's rendezvous (TCPStore) before any NCCL communicator exists: ranks that cannot reach the
+    # master's address and port (torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp)
+    Signature("c10d.client_timeout", C.NCCL, "the client socket has timed out after", 0.9,
+              "torch/csrc/distributed/c10d/socket.cpp:SocketConnectOp", cause="A rank could not reach the "
+              "rendezvous address (MASTER_ADDR / the Ray head's IP and port) in time: a firewall, the wrong network "
+              "interface, or the other node not started."),
+    Signature("c10d.client_connect", C.NCCL, "the client socket has failed to connect to any network address of",
+              0.9, "torch/csrc/distributed/c10d/socket.cpp:SocketConnectOp", cause="A rank could not reach the "
+              "rendezvous address: wrong MASTER_ADDR/port, a firewall, or the wrong network interface."),
+    Signature("c10d.server_bind", C.NCCL, "the server socket has failed to", 0.88,
+              "torch/csrc/distributed/c10d/socket.cpp:SocketListenOp", cause="The rendezvous port could not be "
+              "opened: another process (a previous instance) holds it, or the address is not this host's."),
+    Signature("c10d.store_wait", C.NCCL, "clients joined", 0.85, "torch/csrc/distributed/c10d/TCPStore.cpp",
+              require=True, pattern=r"waiting for clients\. \d+/\d+ clients joined",
+              cause="Not every rank reached the rendezvous: some worker died or could not connect."),
+    Signature("c10d.dist_network", C.NCCL, "distnetworkerror", 0.85, "torch.distributed.DistNetworkError",
+              cause="torch.distributed could not connect its ranks."),
     Signature("nccl.unhandled_cuda", C.NCCL, "ncclunhandledcudaerror", 0.9, "nccl.h result codes",
               cause="NCCL hit a CUDA error (often peer-to-peer transfers the GPUs or the driver cannot do)."),
     Signature("nccl.unhandled_cuda_text", C.NCCL, "unhandled cuda error", 0.88, "NCCL 'unhandled cuda error, NCCL version'",
@@ -191,6 +208,22 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The server closed the connection (it crashed, restarted or timed out)."),
     Signature("http.dns", C.CONNECTION, "name or service not known", 0.78, "getaddrinfo",
               cause="The server's host name does not resolve."),
+    # the same failures as Go's net and net/http print them (Ollama, LocalAI and other Go servers and their pulls)
+    Signature("go.io_timeout", C.CONNECTION, "i/o timeout", 0.86, "Go net (net.go errTimeout: a dial or read deadline)",
+              cause="The network connection timed out: a firewall or proxy, no route to the host, or a host too "
+                    "slow to answer."),
+    Signature("go.no_such_host", C.CONNECTION, "no such host", 0.86, "Go net (dnsclient.go errNoSuchHost)",
+              cause="The host name does not resolve: DNS, or no network."),
+    Signature("go.tls_timeout", C.CONNECTION, "tls handshake timeout", 0.86, "Go net/http (transport.go)",
+              cause="The TLS handshake timed out: a proxy or firewall in the way, or a very slow link."),
+    Signature("go.client_timeout", C.CONNECTION, "client.timeout exceeded", 0.84, "Go net/http (client.go)",
+              cause="The HTTP request timed out."),
+    Signature("net.reset", C.CONNECTION, "connection reset by peer", 0.84, "ECONNRESET (every runtime's wording)",
+              cause="The other end (or a proxy) dropped the connection."),
+    Signature("net.unreachable", C.CONNECTION, "network is unreachable", 0.85, "ENETUNREACH",
+              cause="No route to the network: the host is offline or behind a proxy that must be configured."),
+    Signature("net.no_route", C.CONNECTION, "no route to host", 0.85, "EHOSTUNREACH",
+              cause="No route to the host: a firewall or the wrong address."),
     Signature("curl.connect", C.CONNECTION, "failed to connect to", 0.82, "curl (7)",
               cause="Nothing was listening at the address."),
     Signature("curl.empty", C.CONNECTION, "empty reply from server", 0.8, "curl (52)",
@@ -243,6 +276,16 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("http.timed_out", C.CONNECTION, "timed out", 0.35, "generic", kind="hint",
               cause="Something timed out."),
     # --- capability (PyTorch / Triton / CUDA) ---
+    # flash-attn's own capability check (csrc/flash_attn/flash_api.cpp TORCH_CHECK): with a message it says "... only
+    # supports Ampere GPUs or newer"; without one PyTorch prints the condition ("Expected is_sm90 || is_sm8x to be
+    # true, but got false")
+    Signature("flash_attn.capability_check", C.DTYPE_CAPABILITY, "expected is_sm", 0.88,
+              "flash-attn csrc/flash_attn/flash_api.cpp (TORCH_CHECK(is_sm90 || is_sm8x ...))", require=True,
+              pattern=r"expected (?:is_sm\d+x?\s*\|\|\s*)*is_sm\d+x?\s+to be true",
+              cause="The FlashAttention kernels need an Ampere (8.0) or newer GPU (some builds Turing, 7.5)."),
+    Signature("flash_attn.only_supports", C.DTYPE_CAPABILITY, "only supports", 0.88, "flash-attn flash_api.cpp",
+              require=True, pattern=r"only supports (?:ampere|turing|hopper) gpus or newer",
+              cause="These kernels need a newer GPU generation than this one."),
     Signature("cuda.no_kernel", C.DTYPE_CAPABILITY, "no kernel image is available for execution on the device", 0.85,
               "CUDA runtime (cudaErrorNoKernelImageForDevice)",
               cause="The installed build has no kernels for this GPU's compute capability."),

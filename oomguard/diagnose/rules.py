@@ -148,10 +148,13 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     if hang is not None and set(hang.signatures) == {"generic.hang"} and world <= 1:
         del classes[FailureClass.NCCL]  # a hang on one GPU is not a communication problem
     generic: set = set()   # classes whose evidence is only a symptom any failure can print
+    network_lines: set = set()   # lines where a network error is the inner cause of the line's error
     for cls in list(classes) + ([oom_class] if oom_class and oom_class not in classes else []):
         hits = classes.get(cls)
         if hits and hits.signatures and set(hits.signatures) <= GENERIC_SYMPTOMS:
             generic.add(cls)
+        if hits and set(hits.signatures) & INNER_NETWORK_CAUSES:
+            network_lines.add(hits.first_line)
         weight = hits.weight if hits else 0.0
         numbers = dict(hits.numbers) if hits else {}
         extra = []
@@ -184,7 +187,7 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
 
     if not scanner.error_lines:  # keyword hints alone, in a log without a single error line, are not findings
         scored = [s for s in scored if s[3] != "hint"]
-    scored = _precedence(scored, generic)
+    scored = _precedence(scored, generic, network_lines)
     _crash_after_oom(scored, oom_class)
     _known_regressions(scored, facts)
     scored.sort(key=lambda s: (-s[0], s[1]))
@@ -426,6 +429,12 @@ _SERVER_CLASSES = {FailureClass.OOM_WEIGHTS_LOAD, FailureClass.KV_CACHE_TOO_SMAL
                    FailureClass.NCCL, FailureClass.MODEL_ACCESS}
 
 
+# The transport errors an error chain ends in (Go's "op: ...: dial tcp ...: i/o timeout", the errno texts): on the
+# line of an operation that failed, they are why it failed (common_signatures.py)
+INNER_NETWORK_CAUSES = frozenset({"go.io_timeout", "go.no_such_host", "go.tls_timeout", "go.client_timeout",
+                                  "net.reset", "net.unreachable", "net.no_route"})
+
+
 # Messages any failure can end in, whatever its cause: an engine's bare assertion or plea for a bug report
 # (common_signatures.py). Where the text also names a specific cause, that cause explains them.
 GENERIC_SYMPTOMS = frozenset({"py.assertion", "py.not_implemented", "bug.report", "bug.open_issue",
@@ -433,13 +442,16 @@ GENERIC_SYMPTOMS = frozenset({"py.assertion", "py.not_implemented", "bug.report"
 _SPECIFIC = 0.4        # a specific class's weight from which it outranks a generic symptom
 
 
-def _precedence(scored: list, generic: set = frozenset()) -> list:
-    """Causes before consequences; a specific cause before a generic symptom."""
+def _precedence(scored: list, generic: set = frozenset(), network_lines: set = frozenset()) -> list:
+    """Causes before consequences; a specific cause before a generic symptom; a network failure a line's error chain
+    ends in ("pull model manifest: Get ...: dial tcp ...: i/o timeout") before the operation it broke."""
     strong = {f.cls: w for w, _, f, kind in scored if kind in ("error", "oom") and w >= 0.75}
     out = []
     for weight, line, finding, kind in scored:
         cls = finding.cls
-        if cls == FailureClass.CONNECTION and strong.keys() & _SERVER_CLASSES:
+        if cls in _SERVER_CLASSES and line in network_lines:
+            weight -= 0.3
+        elif cls == FailureClass.CONNECTION and strong.keys() & _SERVER_CLASSES and line not in network_lines:
             weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
         if cls == FailureClass.ENGINE_BUG and kind == "bug" and \
                 any(c != FailureClass.ENGINE_BUG and w >= 0.8 for c, w in strong.items()):
