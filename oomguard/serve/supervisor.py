@@ -342,7 +342,10 @@ class Supervisor:
     async def _stop_children(self) -> None:
         """Drain: the proxy first (it stops taking requests and finishes those in flight), then the engine."""
         if self.proxy is not None and self.proxy.returncode is None:
-            with contextlib.suppress(asyncio.TimeoutError):
+            from aiohttp import ClientError
+            # the last counts are best effort: a proxy not listening yet (the engine refused its command line at once)
+            # or already gone keeps the previous ones, and is stopped all the same
+            with contextlib.suppress(asyncio.TimeoutError, ClientError, OSError):
                 self.last_requests, self.queue_length = await asyncio.wait_for(self._proxy_counts(), 2)
             with contextlib.suppress(ProcessLookupError):
                 self.proxy.send_signal(signal.SIGTERM)
