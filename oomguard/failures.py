@@ -131,11 +131,15 @@ class Hits(Protocol):
     all_numbers: object
 
 
+# numbers that name something rather than count it: printed as read, without thousands separators
+_IDENTIFIERS = frozenset({"port", "http_status", "device", "pid", "signal", "exit_status"})
+
+
 def fill(template: str, numbers: dict) -> str:
     """A cause with its {placeholders} filled from the numbers read; without them, the words before the first."""
     try:
         return template.format(**{k: (f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) and v >= 10000
-                                      else v) for k, v in numbers.items()})
+                                      and k not in _IDENTIFIERS else v) for k, v in numbers.items()})
     except (KeyError, IndexError, ValueError):
         return template.split("{")[0].rstrip(" (,") + ("." if "{" in template else "")
 

@@ -230,3 +230,55 @@ def test_marlin_tiles_that_do_not_split_over_the_gpus_are_a_parallel_layout_prob
             "reducing tensor_parallel_size or running with --quantization gptq.")
     finding = top(text)
     assert finding["class"] == "tp_misconfig" and "8960" in finding["summary"]
+
+
+# --- fifth round: what h's misses pointed to, each from its engine's source --------------------------------------
+
+def test_a_server_answering_502_503_504_to_the_openai_client_is_the_connection():
+    # openai/_exceptions.py APIStatusError: f"Error code: {status_code}"
+    assert top("ERROR | failed to generate video script: Error: Error code: 502")["class"] == "connection"
+
+
+def test_a_template_filter_the_javascript_jinja_lacks_is_the_chat_template():
+    # huggingface.js packages/jinja/src/runtime.ts: `Unknown ${operand.type} filter: ${filter.value}`
+    assert top("Error: Unknown ArrayValue filter: trim")["class"] == "tokenizer_chat_template"
+
+
+def test_a_transformers_release_that_predates_the_architecture_is_a_release_mismatch():
+    # transformers/models/auto/auto_factory.py from_config
+    text = ("ValueError: Unrecognized configuration class <class 'transformers.models.gemma3.configuration_gemma3."
+            "Gemma3Config'> for this kind of AutoModel: AutoModel.")
+    assert top(text)["class"] == "engine_bug"
+
+
+def test_a_port_the_server_cannot_bind_is_named_whatever_the_os_language():
+    # Go's net.Listen OpError; the errno text is the OS's own, localised on Windows
+    finding = top("Error: listen tcp 127.0.0.1:11434: bind: Only one usage of each socket address is normally "
+                  "permitted.")
+    assert finding["class"] == "connection" and "11434" in finding["summary"]
+
+
+def test_a_model_name_the_server_does_not_serve_is_model_access():
+    # vllm/entrypoints/openai serving _check_model, as the OpenAI client prints it
+    text = ("Error code: 404 - {'object': 'error', 'message': 'The model `/data/Qwen1.5-72B-Chat` does not exist.', "
+            "'type': 'NotFoundError', 'param': None, 'code': 404}")
+    assert top(text)["class"] == "model_access"
+
+
+def test_tgi_processes_killed_by_sigbus_are_the_containers_shared_memory():
+    # launcher/src/main.rs: "... was signaled to shutdown with signal {signal}"; 7 is SIGBUS
+    assert top("Error: Download process was signaled to shutdown with signal 7")["class"] == "nccl"
+
+
+def test_a_gguf_with_another_tensor_count_is_a_llama_cpp_release_mismatch():
+    # llama-model-loader.cpp done_getting_tensors
+    text = "llama_model_load: error loading model: done_getting_tensors: wrong number of tensors; expected 292, got 291"
+    assert top(text)["class"] == "engine_bug"
+
+
+def test_a_paste_cut_after_the_call_into_the_kv_cache_check_is_placed_there():
+    # V0 worker.py initialize_cache -> raise_if_cache_size_invalid: the paste ends on the call's source line
+    text = ('Traceback (most recent call last):\n'
+            '  File "vllm/worker/worker.py", line 171, in initialize_cache\n'
+            '    raise_if_cache_size_invalid(num_gpu_blocks, self.cache_config.block_size,')
+    assert top(text)["class"] == "no_cache_blocks"

@@ -195,6 +195,10 @@ SAMPLES = {
                              {"max_model_len": "4096", "prompt_tokens": "4000", "max_tokens": "512"}),
     "tgi.input_length": ("Input validation error: `inputs` must have less than 4095 tokens. Given: 5000",
                          {"max_model_len": "4095", "prompt_tokens": "5000"}),
+    # flash_causal_lm.py warmup's 1.x f-string, when --max-batch-total-tokens was given
+    "tgi.warmup_total_tokens": ("Not enough memory to handle 16000 total tokens with 2 prefill tokens. You need to "
+                                "decrease `--max-batch-total-tokens` or `--max-batch-prefill-tokens`",
+                                {"max_batch_total_tokens": "16000", "prefill_tokens": "2"}),
     # layers/attention/flash_attn.py's f-string on a V100
     "tgi.flash_attn_capability": ("ImportError: GPU with CUDA capability 7 0 is not supported for Flash Attention V2",
                                   {"major": "7", "minor": "0"}),

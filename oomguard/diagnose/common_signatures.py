@@ -174,6 +174,12 @@ SIGNATURES: tuple[Signature, ...] = (
               "than the one installed."),
     Signature("tok.cant_load", C.TOKENIZER_CHAT_TEMPLATE, "can't load tokenizer for", 0.8, "transformers",
               cause="The tokenizer could not be loaded."),
+    # the JavaScript Jinja of huggingface.js (packages/jinja/src/runtime.ts: `Unknown ${type} filter: ${name}`), used by
+    # LM Studio, transformers.js and others to render chat templates
+    Signature("tpl.js_jinja_filter", C.TOKENIZER_CHAT_TEMPLATE, "filter:", 0.85, "huggingface.js jinja runtime.ts",
+              require=True, pattern=r"unknown (?:\w*value )?filter: (?P<filter>\w+)",
+              cause="The chat template uses a Jinja filter ({filter}) this template engine does not implement: "
+                    "update the app, or use a template without it."),
     Signature("tok.apply", C.TOKENIZER_CHAT_TEMPLATE, "apply_chat_template", 0.5, "transformers", kind="hint",
               cause="Applying the chat template failed."),
     Signature("tok.chat_template", C.TOKENIZER_CHAT_TEMPLATE, "chat template", 0.45, "transformers", kind="hint",
@@ -269,6 +275,16 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The client's API key setting is involved."),
     Signature("http.addr_in_use", C.CONNECTION, "address already in use", 0.8, "EADDRINUSE",
               cause="The port is already taken by another process."),
+    # Go's net.Listen error, whatever language the OS words the errno in ("listen tcp 127.0.0.1:11434: bind: ...")
+    Signature("go.listen_bind", C.CONNECTION, "listen tcp", 0.85, "Go net (net.Listen's OpError)", require=True,
+              pattern=r"listen tcp\d? \[?[\w.:]*\]?:(?P<port>\d+): bind:",
+              cause="The server could not listen on port {port}: another process (often the same server already "
+                    "running as a service) holds it; stop it, or serve on another port."),
+    # openai-python's APIStatusError message: "Error code: 502 - ..."; a gateway or an unavailable server answered
+    Signature("openai.status_gateway", C.CONNECTION, "error code: 50", 0.8, "openai/_exceptions.py APIStatusError",
+              require=True, pattern=r"error code: (?P<http_status>50[234])\b",
+              cause="The server (or a proxy in front of it) answered HTTP {http_status}: it is down, still "
+                    "loading, or the proxy cannot reach it."),
     Signature("openai.api_key", C.CONNECTION, "api_key client option must be set", 0.8, "openai-python",
               cause="The OpenAI client needs an api_key even for a local server."),
     Signature("http.proxy_env", C.CONNECTION, "http_proxy", 0.4, "environment", kind="hint",

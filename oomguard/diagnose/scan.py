@@ -58,6 +58,9 @@ _FRAME = re.compile(r'File "(?P<file>[^"]*)", line \d+, in (?P<func>[\w<>.]+)')
 # the engine's code failing
 _ENGINE_FILE = re.compile(r"(?:^|[/\\])(?:vllm|sglang|sgl_jax|llama_cpp|vllm_ascend)[/\\]")
 _WORKER_METHOD = re.compile(r"while processing method (?P<func>\w+)")
+# the source line under a traceback's innermost frame: the call it was making ("    raise_if_cache_size_invalid(n,")
+# (indented, after any log prefix: "ERROR 04-28 15:55:45 worker_base.py:157]     raise_if_cache_size_invalid(n,")
+_CALL = re.compile(r"(?:^|[\]|])\s{2,}(?:return |raise |await |[\w.,\[\] ]+ = )?(?:[\w.]+\.)?(?P<func>\w+)\(")
 # the exception line a Python traceback ends with ("ValueError: ...", "torch.OutOfMemoryError: ...")
 _EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception)\b")
 
@@ -249,6 +252,11 @@ class Scanner:
             # binary noise, not a log line: no message hides in it (a plain ASCII log line skips the count)
             self._prev, self._prev_raw = "", ""
             return
+        if self.last_frame_line == number - 1:
+            # a paste cut off after the innermost frame's source line: the call it shows is where the failure stands
+            call = _CALL.search(text)
+            if call and call.group("func") in startup_log.STAGE_FUNCTIONS:
+                self._push_frame(call.group("func"), self._process_key(text))
         needles = self._matcher.find(joined, boundary)
         if not needles:
             self._prev_raw = text
@@ -360,9 +368,12 @@ class Scanner:
                 func = startup_log.HTTP_CLIENT_FRAME
             elif "file" in match.groupdict() and _ENGINE_FILE.search(match.group("file")):
                 self.engine_frames += 1
-            self._frames_for(process).append(func)
-            if process != "*":
-                self._frames_for("*").append(func)
+            self._push_frame(func, process)
+
+    def _push_frame(self, func: str, process: str) -> None:
+        self._frames_for(process).append(func)
+        if process != "*":
+            self._frames_for("*").append(func)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _process_key(self, text: str) -> str:

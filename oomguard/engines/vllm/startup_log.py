@@ -187,6 +187,9 @@ STAGES: tuple[Stage, ...] = (
         "init_distributed_environment", "initialize_model_parallel", "ensure_model_parallel_initialized",
         "init_process_group", "init_world_group", "CustomAllreduce", "all_reduce", "_all_reduce_out_place",
         "broadcast", "barrier"})),
+    # worker.py raise_if_cache_size_invalid (V0), kv_cache_utils.check_enough_kv_cache_memory (V1): the KV cache check
+    Stage("the KV cache size check", (FailureClass.NO_CACHE_BLOCKS, FailureClass.KV_CACHE_TOO_SMALL), frozenset({
+        "raise_if_cache_size_invalid", "check_enough_kv_cache_memory", "_check_enough_kv_cache_memory"})),
     Stage("the startup profile run or CUDA graph capture",
           (FailureClass.OOM_PROFILING_OR_GRAPH, FailureClass.ENGINE_BUG), PROFILE_FRAMES),
     Stage("model loading",
@@ -196,6 +199,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("a serving step", (FailureClass.ENGINE_BUG, FailureClass.OOM_RUNTIME), RUNTIME_FRAMES),
     Stage("the HTTP client's request", (FailureClass.CONNECTION,), frozenset({HTTP_CLIENT_FRAME})),
 )
+
+
+# every function name a stage knows (a truncated traceback's last source line may show the call into one)
+STAGE_FUNCTIONS = frozenset().union(*(stage.frames for stage in STAGES)) - {HTTP_CLIENT_FRAME}
 
 
 def stage_of(frames) -> Stage | None:
