@@ -23,7 +23,8 @@ class KvElement:
     scale_bytes: int = 0
 
 
-# --kv-cache-dtype -> storage; None: the model's dtype. Which names a release accepts: releases.py kv_cache_dtypes
+# --kv-cache-dtype -> storage; None: the model's dtype. Which packed names a release accepts: releases.py
+# packed_kv_cache_dtypes
 KV_CACHE_DTYPES: dict[str, KvElement | None] = {
     "auto": None, "bfloat16": KvElement(2), "float16": KvElement(2), "half": KvElement(2), "float": KvElement(4),
     "float32": KvElement(4), "int8": KvElement(1), "fp8": KvElement(1), "fp8_e4m3": KvElement(1),
