@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from plan_accuracy import ALL_DATA, contradicts_budget, disturbed, experts_across_gpus, load_records, logged_stage, record_inputs  # noqa: E402
+from plan_accuracy import (ALL_DATA, contradicts_budget, disturbed, experts_across_gpus, load_records,  # noqa: E402
+                           logged_stage, record_inputs)
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402

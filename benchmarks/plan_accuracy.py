@@ -61,7 +61,8 @@ _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-t
 # the gpu_worker.py line that prints the activation, non-torch and CUDA-graph figures, and the worker printing it
 _USAGE_LINE = re.compile(r"^\((?P<who>[^)]*)\).*for peak activation", re.MULTILINE)
 _PP_RANK = re.compile(r"PP(\d+)")
-_FREE_AT_START = re.compile(r"Free memory on device\s*(?:[\w:]+\s*)?\((?P<free>[\d.]+)\s*/\s*(?P<total>[\d.]+) GiB\) on startup")
+_FREE_AT_START = re.compile(r"Free memory on device\s*(?:[\w:]+\s*)?\((?P<free>[\d.]+)\s*/\s*(?P<total>[\d.]+) GiB\) "
+                            r"on startup")
 # read from logged_stage's worker
 STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib")
 
@@ -83,7 +84,8 @@ def disturbed(r: dict) -> bool:
 
 
 def experts_across_gpus(r: dict) -> bool:
-    """Expert parallelism over several GPUs: its all-to-all buffers (DeepEP, pplx, NVSHMEM) are in no figure modelled."""
+    """Expert parallelism over several GPUs: its all-to-all buffers (DeepEP, pplx, NVSHMEM) are in no modelled
+    figure."""
     return bool(r.get("enable_expert_parallel")) and \
         (r.get("tensor_parallel_size") or 1) * (r.get("data_parallel_size") or 1) > 1
 
