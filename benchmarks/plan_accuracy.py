@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import EngineConfig, predict  # noqa: E402
+from oomguard.engines.vllm import startup_log  # noqa: E402
 from oomguard.engines.vllm.releases import release  # noqa: E402
 from oomguard.engines.vllm.versions import parse_version  # noqa: E402
 from oomguard.engines.vllm.weights import Parallel, stage_weight_bytes  # noqa: E402
@@ -61,8 +62,8 @@ _QUANT_WORDS = {"fp8", "awq", "gptq", "awq_marlin", "gptq_marlin", "compressed-t
 # the gpu_worker.py line that prints the activation, non-torch and CUDA-graph figures, and the worker printing it
 _USAGE_LINE = re.compile(r"^\((?P<who>[^)]*)\).*for peak activation", re.MULTILINE)
 _PP_RANK = re.compile(r"PP(\d+)")
-_FREE_AT_START = re.compile(r"Free memory on device\s*(?:[\w:]+\s*)?\((?P<free>[\d.]+)\s*/\s*(?P<total>[\d.]+) GiB\) "
-                            r"on startup")
+# the startup-log reader's own "Free memory on device (free/total GiB)" fact: its needle and pattern
+_FREE_LINE = next((needle, rx) for name, needle, rx in startup_log.FACTS if name == "free_total")
 # read from logged_stage's worker
 STAGE_FIGURES = ("activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "cuda_graph_estimated_gib")
 
@@ -147,9 +148,12 @@ def shared_gpu_free_bytes(r: dict, gpu) -> int | None:
     """What a user of a GPU other processes share would pass as --free-memory: the free memory the log printed at
     start, where it shows more than a GiB held beyond vLLM's own context and NCCL buffers (else None: an idle GPU)."""
     free, total = r.get("gpu_free_at_start_gib"), r.get("gpu_total_memory_gib")
-    printed = _FREE_AT_START.search(r.get("raw_excerpt") or "")
-    if not free and printed:   # the line vLLM prints at startup (gpu_worker.py), also in its refusal to start
-        free, total = float(printed["free"]), float(printed["total"])
+    needle, pattern = _FREE_LINE
+    for line in (r.get("raw_excerpt") or "").splitlines() if not free else ():
+        printed = pattern.search(line) if needle in line.lower() else None
+        if printed:   # the line vLLM prints at startup (gpu_worker.py), also in its refusal to start
+            free, total = float(printed["free_gib"]), float(printed["total_gpu_memory_gib"])
+            break
     if not free or not total or gpu.unified_memory:
         return None
     own = profile.start_used_bytes("v1", (0, 19, 0), 2) / GiB   # the most vLLM itself holds at that point
