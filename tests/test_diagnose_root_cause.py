@@ -74,3 +74,30 @@ def test_a_ggml_buffer_is_not_read_as_a_pytorch_activation():
     text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 35533.34 MiB on device 0: cudaMalloc failed: "
             "out of memory\nllama_model_load: error loading model: unable to allocate CUDA0 buffer\n")
     assert _classes(text)[0] != C.OOM_PROFILING_OR_GRAPH
+
+
+# -- an out-of-memory error placed by the planner's weights for the model the log names ------------------------------
+_ENGINE_LINE = ("INFO 05-02 10:11:12 [core.py:58] Initializing a V1 LLM engine (v0.8.5) with config: model='{model}', "
+                "tokenizer='{model}', dtype=torch.bfloat16, max_seq_len=8192, tensor_parallel_size=2, "
+                "pipeline_parallel_size=1, quantization=None, enforce_eager=False, kv_cache_dtype=auto\n")
+_BARE_OOM = ("(VllmWorker rank=1 pid=254) ERROR 05-02 10:13:40 [multiproc_executor.py:435] torch.OutOfMemoryError: "
+             "CUDA out of memory. Tried to allocate 1.25 GiB. GPU 1 has a total capacity of 93.02 GiB of which 1.18 "
+             "GiB is free. Process 2752205 has 91.82 GiB memory in use. Of the allocated memory 90.63 GiB is "
+             "allocated by PyTorch, and 120.54 MiB is reserved by PyTorch but unallocated.\n")
+
+
+def test_weights_larger_than_the_gpu_place_a_bare_oom_at_weight_loading_with_the_tp_that_fits():
+    # Scout in bf16 is about 203 GiB: at TP 2 each 93 GiB GPU would need about 102 GiB before anything else
+    text = _ENGINE_LINE.format(model="meta-llama/Llama-4-Scout-17B-16E-Instruct") + _BARE_OOM
+    top = diagnose_text(text, use_planner=False).findings[0]
+    assert top.cls == C.OOM_WEIGHTS_LOAD
+    assert 95 < top.numbers["planned_weights_gib"] < 110
+    tp = next(f for f in top.fixes if f.flag == "--tensor-parallel-size")
+    assert tp.value == 4 and top.numbers["planned_weights_gib"] * 2 / tp.value <= 0.8 * 93.02
+
+
+def test_weights_that_fit_leave_the_same_oom_to_the_other_evidence():
+    text = _ENGINE_LINE.format(model="meta-llama/Llama-3.1-8B-Instruct") + _BARE_OOM
+    top = diagnose_text(text, use_planner=False).findings[0]
+    assert top.cls != C.OOM_WEIGHTS_LOAD
+    assert top.numbers["planned_weights_gib"] < 10

@@ -103,6 +103,26 @@ def _predict(model: str, facts: dict, flags: dict):
                    vllm_version=facts.get("vllm_version"), flags=flags, **gpu)
 
 
+def planned_weights_gib(facts: Mapping, total_gib: float | None) -> float | None:
+    """The planner's weights per GPU for the model, precision and parallelism the log shows (None: the log names no
+    model the planner knows offline, runs another engine's checkpoint format, or offloads weights to the CPU)."""
+    model = facts.get("model")
+    if not model or not total_gib or facts.get("engine") in ("llamacpp", "ollama") or facts.get("cpu_offload_gb"):
+        return None
+    flags = {k: v for k, v in engine_flags(facts).items()
+             if k in ("tensor_parallel_size", "pipeline_parallel_size", "dtype", "quantization")}
+    world = int(flags.get("tensor_parallel_size") or 1) * int(flags.get("pipeline_parallel_size") or 1)
+    from oomguard.plan.api import predict
+    for version in dict.fromkeys((facts.get("vllm_version"), None)):   # a build string it cannot read: the newest
+        try:
+            report = predict(str(model), None, gpu_count=world, vllm_version=version, flags=flags,
+                             gpu_memory_gib=float(total_gib))
+        except Exception:   # a model the planner cannot read: the text alone places the error
+            continue
+        return report.first.weights_bytes / 2**30
+    return None
+
+
 def advise(finding: Finding, facts: Mapping, command: dict | None = None, use_planner: bool = True) -> dict:
     """Rewrite the user's serve line with the finding's first applicable fix, checked with the planner when it can.
 

@@ -15,6 +15,7 @@ import re
 from oomguard.diagnose import lexicon
 from oomguard.diagnose.facts import warnings as warning_signs
 from oomguard.diagnose.model import Diagnosis, EvidenceLine, Finding, Fix
+from oomguard.diagnose.planner import planned_weights_gib
 from oomguard.diagnose.scan import SHORT_TEXT, ClassHits, OomEvent, Scanner
 from oomguard.engines.llamacpp import fixes as llamacpp
 from oomguard.engines.ollama import fixes as ollama
@@ -30,10 +31,11 @@ MIN_SCORE = 0.3
 
 # -- out-of-memory placement -----------------------------------------------------------------------------------
 def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: frozenset = frozenset(),
-              restarted: bool = False) -> tuple[str, float, str]:
-    """(class, confidence, why) for one out-of-memory error: other processes first, then traceback frames, then the
-    startup phase the run stopped in (logs of several processes interleave, so the phase printed after the error
-    counts too), then the words around it, then the numbers."""
+              restarted: bool = False, planned_weights_gib: float | None = None) -> tuple[str, float, str]:
+    """(class, confidence, why) for one out-of-memory error: other processes first, then traceback frames, then
+    whether the planner's weights for the model the log names fit the GPU at all, then the startup phase the run
+    stopped in (logs of several processes interleave, so the phase printed after the error counts too), then the
+    words around it, then the numbers."""
     n = event.numbers
     total = n.get("total_gib") or facts.get("total_gpu_memory_gib")
     other = n.get("other_total_gib", 0.0)
@@ -57,6 +59,11 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
         return FailureClass.OOM_WEIGHTS_LOAD, 0.88, "the traceback is in model loading"
+    if total and planned_weights_gib and planned_weights_gib >= total:
+        # the weights alone overflow the GPU: loading cannot finish, whatever phase the log stopped in
+        tp = facts.get("tensor_parallel_size") or 1
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.86, f"{facts.get('model')} needs about {planned_weights_gib:.1f} " \
+            f"GiB of weights per GPU at tensor parallel size {tp}, more than the {total:.1f} GiB GPU holds"
     logged_by = _SERVING_LOGGER.search(event.text)
     if logged_by:   # vLLM's log prefix names the module that logged the error: a request handler
         return FailureClass.OOM_RUNTIME, 0.82, f"vLLM's request handler ({logged_by.group(1)}) logged it: it happened " \
@@ -104,6 +111,18 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
     return FailureClass.OOM_RUNTIME, 0.5, "the log does not show where it happened"
 
 
+def _gpu_total_gib(event: OomEvent, facts: dict) -> float | None:
+    """The GPU's total memory: from the out-of-memory message, the startup lines, else the GPU the log names."""
+    total = event.numbers.get("total_gib") or facts.get("total_gpu_memory_gib")
+    if total or not facts.get("gpu_name"):
+        return total
+    from oomguard.gpus.catalog import resolve_gpu
+    try:
+        return resolve_gpu(facts["gpu_name"]).total_memory_bytes / 2**30
+    except Exception:   # a GPU outside the catalog: no total to compare with
+        return None
+
+
 # the size from which one PyTorch allocation is an activation rather than a weight tensor: the largest dense weight
 # tensors are the embedding and LM head (vocab x hidden x 2 bytes: 152k x 8192 is 2.3 GiB; most are under 2). The
 # fused expert tensors of the largest MoE models can be larger; such an error is only placed here when no frame,
@@ -135,8 +154,11 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     oom_class, oom_conf, oom_why, oom_numbers, oom_evidence = None, 0.0, "", {}, []
     if scanner.ooms:
         first = scanner.ooms[0]
+        planned = planned_weights_gib(facts, _gpu_total_gib(first, facts))
         oom_class, oom_conf, oom_why = place_oom(first, facts, scanner.phase, frozenset(scanner.phase_hints),
-                                                 "restart" in scanner.phase_seen)
+                                                 "restart" in scanner.phase_seen, planned)
+        if planned:
+            oom_numbers["planned_weights_gib"] = round(planned, 2)
         for event in scanner.ooms:
             for key, value in event.numbers.items():
                 oom_numbers.setdefault(key, value)

@@ -175,14 +175,22 @@ def oom_weights(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -
                          "--dtype", "half" if cc_below_8(facts) else "bfloat16"))
     gpus = first_number(facts.get("gpu_count"))
     tp = first_number(facts.get("tensor_parallel_size")) or 1
-    if gpus and gpus > tp:
+    planned, total = n.get("planned_weights_gib"), first_number(n.get("total_gib"), facts.get("total_gpu_memory_gib"))
+    if planned and total:
+        # the planner's weights per GPU at the current size: the smallest power of two that leaves a fifth of each
+        # GPU for activations and the KV cache
+        need = int(tp)
+        while planned * tp / need > 0.8 * total and need < 64:
+            need *= 2
+        fixes.append(Fix(f"{planned * tp:.0f} GiB of weights over {need} GPUs is {planned * tp / need:.1f} GiB each, "
+                         f"which leaves room on a {total:.0f} GiB GPU", "--tensor-parallel-size", need))
+    elif gpus and gpus > tp:
         fixes.append(Fix(f"splits the weights over the {int(gpus)} GPUs", "--tensor-parallel-size",
                          1 << (int(gpus).bit_length() - 1)))
     else:
         fixes.append(Fix("splits the weights over twice as many GPUs (if you have them)", "--tensor-parallel-size",
                          int(tp) * 2))
-    weights = first_number(facts.get("weights_gib"))
-    total = first_number(n.get("total_gib"), facts.get("total_gpu_memory_gib"))
+    weights = first_number(facts.get("weights_gib"), planned)
     tried, free = first_number(n.get("tried_gib")), first_number(n.get("free_gib"))
     if weights and total:
         offload = math.ceil(weights - 0.8 * total) if weights > 0.8 * total else None
