@@ -47,7 +47,7 @@ from oomguard.units import GiB  # noqa: E402
 GROUPS = {
     "activation_peak": ("activation_peak_gib", ("forward_bytes_per_hidden", "forward_bytes_per_inter")),
     "non_torch": ("non_torch_gib", ("non_torch_single_gib", "non_torch_single_early_gib", "non_torch_tp_gib",
-                                    "non_torch_tp_early_gib", "non_torch_pp_only_gib",
+                                    "non_torch_tp_nccl_gib", "non_torch_pp_only_gib",
                                     "non_torch_v0_gib", "non_torch_v06_gib")),
     "start_used": ("gpu_total_memory_gib - gpu_free_at_start_gib", ("context_gib", "nccl_init_gib")),
     "cuda_graph": ("cuda_graph_gib", ("graph_base_gib", "graph_per_layer_gib", "graph_per_layer_tp_gib",
@@ -109,6 +109,22 @@ def _gpu(r: dict):
         return None
 
 
+def fusion_workspace(r: dict, version, tp: int, pp: int, gpu, graphs: bool) -> int | None:
+    """FlashInfer's fusion workspace in a record's non-torch figure, computed from source (None: it depends on a model
+    the catalog lacks)."""
+    if tp <= 1 or gpu is None or gpu.interconnect != "nvlink":
+        return 0
+    try:
+        model, _, cfg, _, _, _ = record_inputs(r)
+        report = predict(model, gpu, cfg, version, gpu_count=tp * pp)
+    except (LookupError, UsageError):
+        return None
+    c = report.config
+    return profile.allreduce_fusion_workspace_bytes(version, tp, pp, model.hidden_size, DTYPE_BYTES[c["dtype"]],
+                                                    c["max_num_batched_tokens"], gpu.compute_capability,
+                                                    gpu.nvlink_multicast, graphs)
+
+
 def observations(records: list[dict]) -> list[Observation]:
     """Every figure the records measured that profile.py models, with its design (no measured figure is an input)."""
     obs: list[Observation] = []
@@ -121,10 +137,13 @@ def observations(records: list[dict]) -> list[Observation]:
         gpu = _gpu(r)
         link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
         graphs = not r.get("enforce_eager") and not (gpu and platform_of(gpu).rocm)
-        if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # no model needed: layout, version, GPU
-            names = GROUPS["non_torch"][1]
-            obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
-                lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc, graphs=graphs), names),)))
+        if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # layout, version, GPU (and the fusion workspace)
+            workspace = fusion_workspace(r, version, tp, pp, gpu, graphs)
+            if workspace is not None:
+                names = GROUPS["non_torch"][1]
+                obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
+                    lambda c: profile.non_torch_bytes(engine, version, tp, pp, c, link, cc, graphs=graphs,
+                                                      fusion_workspace=workspace), names),)))
         # on unified memory (GB10) the OS's own use shows as used GPU memory, and a start refused because memory was
         # in use measures another process: neither is the CUDA context this models
         if r.get("gpu_total_memory_gib") and r.get("gpu_free_at_start_gib") and not (gpu and gpu.unified_memory) \

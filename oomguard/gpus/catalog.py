@@ -66,6 +66,7 @@ def _spec(entry: dict) -> GpuSpec:
         free_at_start_low_bytes=int(entry.get("free_at_start_low_gib", 0) * GiB),
         gfx_arch=entry.get("gfx_arch", ""),
         arm_host=entry.get("arm_host", False),
+        nvlink_multicast=entry.get("nvlink_multicast", False),
     )
 
 

@@ -27,3 +27,5 @@ class GpuSpec:
     free_at_start_low_bytes: int = 0   # unified memory: the least free memory at vLLM's start seen in real logs
     gfx_arch: str = ""         # AMD: the LLVM target ROCm builds for, as rocm-smi's "GFX Version" prints it ("gfx942")
     arm_host: bool = False     # only sold with an Arm (Grace) host CPU: needs aarch64 builds (GH200, GB10)
+    nvlink_multicast: bool = False   # sold on NVSwitch baseboards (HGX/DGX Hopper and Blackwell): CUDA multicast
+                                     # objects work between its GPUs (NVLink SHARP); NVLink-bridged pairs have none

@@ -612,8 +612,18 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         if encoder and stage == 0 and encoder.profiled:
             activation = int(encoder.activation_peak(activation))
             held = encoder.held_bytes
+        compiled = not cfg.enforce_eager and not platform.rocm
+        workspace = profile.allreduce_fusion_workspace_bytes(
+            version, tp, pp, model.hidden_size, act_bytes, tokens, gpu.compute_capability, gpu.nvlink_multicast,
+            compiled) if gpu.interconnect == "nvlink" else 0
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
-                                            gpu.compute_capability, graphs=not cfg.enforce_eager and not platform.rocm)
+                                            gpu.compute_capability, graphs=compiled, fusion_workspace=workspace)
+        if workspace and stage == 0:
+            pages = " (its three buffers rounded up to 512 MiB multicast pages)" \
+                if rel.allreduce_fusion_multicast_pages else ""
+            notes.append(f"non-torch memory includes FlashInfer's all-reduce fusion workspace, {_gib(workspace)} GiB a "
+                         f"GPU{pages}, which the profile run creates; --compilation-config "
+                         "'{\"pass_config\": {\"fuse_allreduce_rms\": false}}' leaves it out")
         if rel.lora_in_weights:   # allocated inside load_model's profiler: "Model loading took" includes them
             weights += adapters
         elif rel.v0_counts_cuda_context:   # 0.6: allocated after the weights line, caught as non-torch memory

@@ -34,6 +34,12 @@ SAMPLER_SORT_BYTES = 38        # torch.sort: fp32 values 4 + int64 indices 8 + i
 SAMPLER_SORT_SMALL_BYTES = 50  # below 128 rows PyTorch sorts segment by segment with more scratch (SortStable.cu)
 SAMPLER_KERNEL_BYTES = 14      # FlashInfer or Triton top-k/top-p: two more fp32 tensors (probabilities, noise/mask)
 TRITON_BYTES_PER_SM_LOGIT = 4  # topk_topp_triton.py keeps one fp32 row of the vocabulary per SM
+# FlashInfer's all-reduce + RMSNorm fusion (compilation/passes/fusion/allreduce_rms_fusion.py AllReduceFusionPass):
+# the largest all-reduce it fuses, in MiB, per compute-capability major and TP size (FI_ALLREDUCE_FUSION_MAX_SIZE_MB,
+# the same from 0.17 to 0.33 for Hopper and B200)
+FUSION_MAX_MIB = {9: {2: 64, 4: 2, 8: 0.5}, 10: {2: 64, 4: 32, 8: 1}}
+MULTICAST_PAGE = 512 * 2**20   # cuMulticastGetGranularity(RECOMMENDED) on NVSwitch Hopper/Blackwell, NCCL's choice too
+ALLOCATION_PAGE = 2 * 2**20    # cuMemGetAllocationGranularity(RECOMMENDED) for device memory
 PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
                                # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
 
@@ -50,10 +56,12 @@ def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = 
 class ProfileCoefficients:
     forward_bytes_per_hidden: float = 0.0     # per token per hidden unit, in units of the activation dtype
     forward_bytes_per_inter: float = 4.74     # per token per MLP-intermediate unit on this rank (gate/up/act)
-    non_torch_single_gib: float = 0.263       # one GPU, with the CUDA-graph estimate inside the window (0.18-0.26)
-    non_torch_single_early_gib: float = 0.133  # one GPU otherwise: lazily loaded kernels, cuBLAS handles
-    non_torch_tp_gib: float = 2.11             # TP > 1 over NVLink with FlashInfer's fusion workspace (0.17+ Hopper)
-    non_torch_tp_early_gib: float = 0.545     # TP > 1 over NVLink, NCCL set up before the snapshot, no workspace
+    non_torch_single_gib: float = 0.261       # one GPU, with the CUDA-graph estimate inside the window (0.18-0.26)
+    non_torch_single_early_gib: float = 0.144  # one GPU otherwise: lazily loaded kernels, cuBLAS handles
+    non_torch_tp_gib: float = 0.496           # TP > 1 over NVLink from 0.11 (NCCL set up before the snapshot): the
+                                              # profile run's own NCCL communicator and kernels
+    non_torch_tp_nccl_gib: float = 1.38       # TP > 1 over NVLink before 0.11: NCCL and custom all-reduce set up
+                                              # inside the window too
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
     non_torch_v0_gib: float = 0.107           # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
@@ -177,29 +185,57 @@ def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
                                          multiprocessors, c, engine, flashinfer, rejection_bytes)))
 
 
+def allreduce_fusion_workspace_bytes(version: Version, tp: int, pp: int, hidden: int, act_bytes: int,
+                                     max_num_batched_tokens: int, compute_capability: tuple[int, int],
+                                     multicast: bool, graphs: bool = True) -> int:
+    """Device memory of FlashInfer's all-reduce fusion workspace, which vLLM's first compiled forward (the profile run,
+    inside the memory-profiling window) creates: allreduce_rms_fusion.py sizes it for min(max size / (hidden x dtype),
+    max_num_batched_tokens) tokens, and flashinfer/comm/trtllm_ar.py allocates three buffers for them: the
+    all-reduce buffer (tp x tokens x hidden x 2 bytes), the barrier flags (tp x 256 x 4) and three Lamport buffers.
+    The FlashInfer of 0.17-0.21 rounds each up to a multicast page (3 x 512 MiB on NVSwitch H100s) and fails, leaving
+    the fusion off, where the GPUs cannot multicast; later ones allocate what the buffers need."""
+    rel = release(version)
+    sizes = FUSION_MAX_MIB.get(compute_capability[0], {}) if compute_capability[0] in (9, 10) else {}
+    if tp <= 1 or not graphs or not rel.flashinfer_allreduce_fusion or tp not in sizes or \
+            (rel.allreduce_fusion_single_dp_pp and pp > 1):
+        return 0
+    tokens = min(int(sizes[tp] * 2**20) // (hidden * act_bytes), max_num_batched_tokens)
+    comm = tp * tokens * hidden * 2
+    buffers = (comm, tp * 256 * 4, 3 * min(comm, 2**31 - ALLOCATION_PAGE))
+    if rel.allreduce_fusion_multicast_pages:
+        if not multicast:
+            return 0
+        return sum(-(-(_pages(b) + ALLOCATION_PAGE) // MULTICAST_PAGE) * MULTICAST_PAGE for b in buffers)
+    return sum(_pages(b + 2048) for b in buffers)   # each with a 2 KiB signal pad
+
+
+def _pages(size: int) -> int:
+    return -(-size // ALLOCATION_PAGE) * ALLOCATION_PAGE
+
+
 def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileCoefficients = COEFFICIENTS,
                     interconnect: str = "nvlink", compute_capability: tuple[int, int] = (9, 0),
-                    graphs: bool = True) -> int:
+                    graphs: bool = True, fusion_workspace: int = 0) -> int:
     """non_torch_increase during load + profile (memory_profiling in vllm/utils/mem_utils.py), fitted per band.
 
     On one GPU, 0.18-0.26 estimate the CUDA-graph pool inside the window (gpu_worker.determine_available_memory
     calls profile_cudagraph_memory there unless graphs are off): what that capture leaves behind is counted too (one
     Qwen3-14B H100 setup logged 0.13 GiB on 0.15, 0.16 and 0.17 and 0.25 on 0.18). From 0.11 Worker.init_device
     sets up NCCL and custom all-reduce before the initial snapshot, so TP over NVLink adds only what the profile run
-    creates (PyTorch's TP-group communicator); from 0.17 on Hopper and newer the profile run also creates FlashInfer's
-    all-reduce fusion workspace, and the 0.19 logs show 1.5 GiB more (docs/research/vllm-nontorch-and-cuda-graphs.md).
-    Over PCIe vLLM turns custom all-reduce off and NCCL keeps its buffers mostly in host memory. Before 0.11 NCCL is
-    set up inside the window: the 0.17+ figure stands in for it (no log of those versions with TP over NVLink is in
-    the data)."""
+    creates (PyTorch's TP-group communicator), what the graph estimate leaves as on one GPU, and FlashInfer's fusion
+    workspace (`fusion_workspace`, allreduce_fusion_workspace_bytes). Over PCIe vLLM turns custom all-reduce off and
+    NCCL keeps its buffers mostly in host memory. Before 0.11 NCCL is set up inside the window."""
     rel = release(version)
-    single = c.non_torch_single_gib if rel.graph_estimate_in_window and graphs else c.non_torch_single_early_gib
+    graph_window = rel.graph_estimate_in_window and graphs
+    single = c.non_torch_single_gib if graph_window else c.non_torch_single_early_gib
     if engine == "v0":
         gib = c.non_torch_v06_gib if rel.v0_counts_cuda_context else c.non_torch_v0_gib
     elif tp > 1 and interconnect == "pcie":
         gib = single + PCIE_NCCL_GIB
     elif tp > 1:
-        fusion = rel.flashinfer_allreduce_fusion and compute_capability >= (9, 0)
-        gib = c.non_torch_tp_early_gib if rel.nccl_before_snapshot and not fusion else c.non_torch_tp_gib
+        gib = (c.non_torch_tp_gib if rel.nccl_before_snapshot else c.non_torch_tp_nccl_gib) + \
+            (c.non_torch_single_gib - c.non_torch_single_early_gib if graph_window else 0.0)
+        return int(gib * GiB) + fusion_workspace
     elif pp > 1:
         gib = c.non_torch_pp_only_gib
     else:

@@ -95,6 +95,8 @@ class VllmRelease:
     sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
     flashinfer_sampler_if_installed: bool  # ... unless FlashInfer is installed (then its kernels, no sort)
     flashinfer_allreduce_fusion: bool    # TP > 1 on Hopper/Blackwell NVLink allocates the fusion workspace
+    allreduce_fusion_single_dp_pp: bool  # ... only without data or pipeline parallelism
+    allreduce_fusion_multicast_pages: bool  # ... each of its three buffers a multicast page (FlashInfer 0.6.3-0.6.8)
     moe_workspace_persists: bool         # fused-MoE scratch is kept by the WorkspaceManager after the forward pass
     # --- CUDA graphs (config/vllm.py _set_cudagraph_sizes, config/compilation.py, gpu_model_runner.capture_model) ---
     graph_sizes_follow_max_num_seqs: bool  # capture up to min(2 x max_num_seqs, 512) tokens (else a fixed 512)
@@ -297,6 +299,11 @@ def release(version: Version) -> VllmRelease:
         flashinfer_sampler_if_installed=_since(v, True, ((0, 12, 0), False)),
         # compilation/pass_config.py enable_fi_allreduce_fusion, created in the profiling window
         flashinfer_allreduce_fusion=_since(v, False, ((0, 17, 0), True)),
+        allreduce_fusion_single_dp_pp=_since(v, True, ((0, 22, 0), False)),   # config/vllm.py
+        # the pinned FlashInfer (0.6.4 in 0.17, 0.6.6 in 0.18-0.19, 0.6.8 in 0.20-0.21) builds the workspace from
+        # SymmDeviceMemory, which rounds each buffer up to the recommended multicast granularity and fails where the GPUs
+        # have no multicast; 0.6.11+ (vLLM 0.22+) allocates the buffers at their size (comm/trtllm_ar.py, mnnvl.py)
+        allreduce_fusion_multicast_pages=(0, 17, 0) <= v < (0, 22, 0),
         moe_workspace_persists=_since(v, False, ((0, 13, 0), True)),        # fused_moe/modular_kernel.py
         graph_sizes_follow_max_num_seqs=_since(v, False, ((0, 10, 0), True)),  # scheduler.py cuda_graph_sizes
         graph_sizes_step_16_above_256=_since(v, False, ((0, 11, 1), True)),
