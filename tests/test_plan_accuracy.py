@@ -86,10 +86,11 @@ def test_generalisation_is_measured_and_does_not_regress(bench, everything):
     assert summary["modelled"] >= 70
     pooled = general["pooled"]
     assert pooled["in_sample"]["kv_median_gib"] <= 0.15 and pooled["in_sample"]["kv_p90_gib"] <= 1.5
-    # leave-one-band-out: each band scored with coefficients fitted without it. Issue 14's targets are 0.3 / 1.0
-    # GiB; the p90 is 1.6 today: without the 0.19 logs nothing tells that TP over NVLink grew by 1.5 GiB of
-    # non-torch memory after 0.13 (0.55 GiB in the 0.11 logs, 2.1 in the 0.19 ones)
-    assert pooled["held_out"]["kv_median_gib"] <= 0.3 and pooled["held_out"]["kv_p90_gib"] <= 1.7
+    # leave-one-band-out: each band scored with coefficients fitted without it, issue 14's targets (0.3 / 1.0 GiB).
+    # It held at 1.6 GiB p90 until FlashInfer's fusion workspace came from source: the 1.5 GiB that TP over NVLink
+    # gained between the 0.11 logs (0.55 GiB of non-torch memory) and the 0.19 ones (2.1) is its three buffers
+    # rounded to multicast pages, which no band needs to be fitted on
+    assert pooled["held_out"]["kv_median_gib"] <= 0.3 and pooled["held_out"]["kv_p90_gib"] <= 1.0
     assert pooled["held_out"]["kv_median_gib"] < pooled["static"]["kv_median_gib"]
     # issue 14 asks for at most 15%; 26 of 165 is 15.8% since the 29 logs collected twice are scored once: 23 of
     # them are the R9700's, whose KV range reaches 2.73 GiB below the prediction, as far as the held-out R9700 runs
