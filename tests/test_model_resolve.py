@@ -40,12 +40,12 @@ def test_the_plan_says_what_it_planned_and_weights_are_an_estimate(capsys):
 
 
 def test_like_names_the_base_and_an_unknown_base_is_one_line(capsys):
-    argv = ["plan", "Qwen/Qwen2.5-Coder-32B-Instruct-AWQ", "--gpu", "h100", "--max-model-len", "8192"]
-    assert main(argv) == 2                                   # "Coder" is not in any catalog name: not guessed
+    argv = ["plan", "Qwen/Qwen2.5-Coder-3B-Instruct-AWQ", "--gpu", "h100", "--max-model-len", "8192"]
+    assert main(argv) == 2                                   # no Coder-3B in the catalog: not guessed
     assert "not in the offline catalog" in capsys.readouterr().err
-    assert main(argv + ["--like", "Qwen/Qwen2.5-32B-Instruct", "--json"]) == 0
+    assert main(argv + ["--like", "Qwen/Qwen2.5-3B-Instruct", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert any("planned as Qwen/Qwen2.5-32B-Instruct with awq 4-bit" in a for a in out["assumptions"])
+    assert any("planned as Qwen/Qwen2.5-3B-Instruct with awq 4-bit" in a for a in out["assumptions"])
     assert main(argv + ["--like", "nobody/Nothing-7B"]) == 2
     assert "--like 'nobody/Nothing-7B' is not in the offline catalog" in capsys.readouterr().err
 
@@ -65,6 +65,6 @@ def test_an_instruct_or_base_sibling_shares_the_catalog_models_shapes(model_id, 
 
 
 def test_a_different_model_of_the_family_is_not_a_sibling():
-    # Qwen2.5-Coder-32B is not Qwen2.5-32B (nor anything else in the catalog) by name: --like says so explicitly
+    # Qwen2.5-Coder-3B is not Qwen2.5-3B (nor anything else in the catalog) by name: --like says so explicitly
     with pytest.raises(UsageError, match="not in the offline catalog"):
-        load_model("Qwen/Qwen2.5-Coder-32B-Instruct-AWQ")
+        load_model("Qwen/Qwen2.5-Coder-3B-Instruct-AWQ")
