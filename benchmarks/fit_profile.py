@@ -47,7 +47,7 @@ from oomguard.units import GiB  # noqa: E402
 GROUPS = {
     "activation_peak": ("activation_peak_gib", ("forward_bytes_per_hidden", "forward_bytes_per_inter")),
     "non_torch": ("non_torch_gib", ("non_torch_single_gib", "non_torch_single_early_gib", "non_torch_tp_gib",
-                                    "non_torch_tp_nccl_gib", "non_torch_pp_only_gib",
+                                    "non_torch_pp_only_gib",
                                     "non_torch_v0_gib", "non_torch_v06_gib")),
     "start_used": ("gpu_total_memory_gib - gpu_free_at_start_gib", ("context_gib", "nccl_init_gib")),
     "cuda_graph": ("cuda_graph_gib", ("graph_base_gib", "graph_per_layer_gib", "graph_per_layer_tp_gib",

@@ -51,8 +51,7 @@ FEATURE_FIELDS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", 
                   "swap_space_gib", "kv_offloading", "mm_encoder_budget_tokens", "mm_profiled_items")
 # coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
 BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib",
-                 "non_torch_single_gib": "non_torch_single_early_gib",
-                 "non_torch_tp_gib": "non_torch_tp_nccl_gib", "non_torch_tp_nccl_gib": "non_torch_tp_gib"}
+                 "non_torch_single_gib": "non_torch_single_early_gib"}
 # version bands whose startup code differs most (../shared/research/vllm-memory-model.md section 1.3)
 BANDS = (((0, 0, 0), "0.6-0.7 (V0)"), ((0, 8, 0), "0.8-0.9"), ((0, 10, 0), "0.10-0.13"), ((0, 14, 0), "0.14-0.19"),
          ((0, 20, 0), "0.20+"))

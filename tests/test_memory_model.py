@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from oomguard.engines.vllm import messages
+from oomguard.engines.vllm import messages, profile
 from oomguard.engines.vllm.kv import FullAttentionSpec, SlidingWindowSpec, build_layout
 from oomguard.engines.vllm.memory import EngineConfig, predict
 from oomguard.errors import UsageError
@@ -378,3 +378,14 @@ def test_no_fusion_workspace_without_multicast_graphs_or_hopper():
     assert _tp_non_torch((0, 19, 0), gpu="h100-nvl") == pytest.approx(base, abs=0.03)    # NVLink bridge: no multicast
     assert _tp_non_torch((0, 19, 0), gpu="a100-sxm-80gb") == pytest.approx(base, abs=0.03)  # Ampere: no fusion pass
     assert _tp_non_torch((0, 19, 0), enforce_eager=True) == pytest.approx(base - 0.12, abs=0.03)  # nothing compiled
+
+
+def test_before_0_11_the_window_also_holds_vllms_own_communicators():
+    # 0.11 moved NCCL and custom all-reduce set-up before the initial snapshot; before it the window holds the TP
+    # communicator, the expert-parallel one (built for every model in 0.9-0.13) and custom all-reduce's 18 MiB, on
+    # top of the communicator the profile run creates in every release (A100: no fusion workspace)
+    def non_torch(version, tp=2):
+        return profile.non_torch_bytes("v1", version, tp, 1, compute_capability=(8, 0), graphs=True) / GiB
+    communicator = non_torch((0, 11, 0)) - non_torch((0, 11, 0), tp=1)
+    assert non_torch((0, 10, 2)) == pytest.approx(non_torch((0, 11, 0)) + 2 * communicator + 18 / 1024, abs=0.01)
+    assert non_torch((0, 8, 5)) == pytest.approx(non_torch((0, 11, 0)) + communicator + 18 / 1024, abs=0.01)

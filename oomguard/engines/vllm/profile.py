@@ -40,6 +40,7 @@ TRITON_BYTES_PER_SM_LOGIT = 4  # topk_topp_triton.py keeps one fp32 row of the v
 FUSION_MAX_MIB = {9: {2: 64, 4: 2, 8: 0.5}, 10: {2: 64, 4: 32, 8: 1}}
 MULTICAST_PAGE = 512 * 2**20   # cuMulticastGetGranularity(RECOMMENDED) on NVSwitch Hopper/Blackwell, NCCL's choice too
 ALLOCATION_PAGE = 2 * 2**20    # cuMemGetAllocationGranularity(RECOMMENDED) for device memory
+CUSTOM_ALL_REDUCE_GIB = 18 / 1024   # custom_all_reduce.py: two cudaMalloc'd 8 MiB buffers (meta, data), 10 + 8 MiB
 PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
                                # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
 
@@ -60,8 +61,6 @@ class ProfileCoefficients:
     non_torch_single_early_gib: float = 0.144  # one GPU otherwise: lazily loaded kernels, cuBLAS handles
     non_torch_tp_gib: float = 0.496           # TP > 1 over NVLink from 0.11 (NCCL set up before the snapshot): the
                                               # profile run's own NCCL communicator and kernels
-    non_torch_tp_nccl_gib: float = 1.38       # TP > 1 over NVLink before 0.11: NCCL and custom all-reduce set up
-                                              # inside the window too
     non_torch_pp_only_gib: float = 0.07       # pipeline-only workers
     non_torch_v0_gib: float = 0.107           # V0 worker.py accounting (0.7-0.10)
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
@@ -233,8 +232,13 @@ def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileC
     elif tp > 1 and interconnect == "pcie":
         gib = single + PCIE_NCCL_GIB
     elif tp > 1:
-        gib = (c.non_torch_tp_gib if rel.nccl_before_snapshot else c.non_torch_tp_nccl_gib) + \
-            (c.non_torch_single_gib - c.non_torch_single_early_gib if graph_window else 0.0)
+        gib = c.non_torch_tp_gib + (c.non_torch_single_gib - c.non_torch_single_early_gib if graph_window else 0.0)
+        if not rel.nccl_before_snapshot:
+            # the window also holds what 0.11 moved before it: vLLM's own TP communicator (and the expert-parallel
+            # one, built for every model in 0.9-0.13), each the size of the one the 0.11+ profile run creates, and
+            # custom all-reduce's buffers (parallel_state.initialize_model_parallel, custom_all_reduce.py)
+            communicator = c.non_torch_tp_gib - c.non_torch_single_early_gib
+            gib += communicator * (2 if rel.ep_group_for_every_model else 1) + CUSTOM_ALL_REDUCE_GIB
         return int(gib * GiB) + fusion_workspace
     elif pp > 1:
         gib = c.non_torch_pp_only_gib

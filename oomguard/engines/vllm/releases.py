@@ -90,6 +90,8 @@ class VllmRelease:
     cuda_graphs_in_budget: bool          # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1
     graph_estimate_in_window: bool       # profile_cudagraph_memory runs inside memory_profiling (CUDA, graphs on)
     nccl_before_snapshot: bool           # Worker.init_device sets up NCCL before the initial MemorySnapshot
+    ep_group_for_every_model: bool       # parallel_state builds the expert-parallel group (a second NCCL
+                                         # communicator under TP) for every model, not only MoE ones
     non_torch_includes_baseline: bool    # V1 counts everything but live torch tensors (CUDA context, other processes)
     v0_counts_cuda_context: bool         # 0.6.x V0 worker counted the CUDA context as non-torch memory
     sampler_sorts: bool                  # the sampler warm-up's top-k/top-p runs torch.sort over [reqs, vocab]
@@ -289,6 +291,7 @@ def release(version: Version) -> VllmRelease:
         cuda_graphs_in_budget=_since(v, False, ((0, 20, 0), True)),         # envs.py ESTIMATE_CUDAGRAPHS
         graph_estimate_in_window=(0, 18, 0) <= v < (0, 27, 0),              # gpu_worker.determine_available_memory
         nccl_before_snapshot=_since(v, False, ((0, 11, 0), True)),          # gpu_worker.init_device
+        ep_group_for_every_model=(0, 9, 0) <= v < (0, 14, 0),               # initialize_model_parallel
         # v1/worker/gpu_worker.py determine_available_memory, 0.8.0-0.9.0: (total - free) - allocated; memory_profiling
         # (the increase since the initial snapshot) from 0.9.1
         non_torch_includes_baseline=(0, 8, 0) <= v < (0, 9, 1),
