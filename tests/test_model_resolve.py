@@ -68,3 +68,17 @@ def test_a_different_model_of_the_family_is_not_a_sibling():
     # Qwen2.5-Coder-3B is not Qwen2.5-3B (nor anything else in the catalog) by name: --like says so explicitly
     with pytest.raises(UsageError, match="not in the offline catalog"):
         load_model("Qwen/Qwen2.5-Coder-3B-Instruct-AWQ")
+
+
+@pytest.mark.parametrize("model_id, base", [
+    ("/mnt/models/llama3-70b-awq", "meta-llama/Meta-Llama-3-70B-Instruct"),   # a local directory, as vLLM logs it
+    ("someone/phi4", "microsoft/phi-4"),
+    ("gemma3-12b-it", "google/gemma-3-12b-it"),
+])
+def test_a_name_without_the_hyphen_before_its_version_is_the_same_model(model_id, base):
+    assert load_model(model_id).resolved_from == base
+
+
+def test_the_hyphen_rule_does_not_join_different_sizes():
+    with pytest.raises(UsageError, match="not in the offline catalog"):
+        load_model("someone/llama3-71b")

@@ -49,6 +49,11 @@ def _sibling_name(model_id: str) -> str:
     return _TUNE_SUFFIX.sub("", base_name(model_id))
 
 
+def _spelling(name: str) -> str:
+    """'llama3-70b' and 'llama-3-70b', 'phi4' and 'phi-4': local directories often drop the hyphen before a version."""
+    return re.sub(r"(?<=[a-z])-(?=\d)", "", name)
+
+
 def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
     """The catalog model `model_id` names (or `like`), with the quantization its name states; None if none."""
     from oomguard.models.load import catalog_entry, catalog_ids, from_catalog
@@ -61,7 +66,7 @@ def resolve_by_name(model_id: str, like: str | None = None) -> ModelSpec | None:
         ids = sorted({name[:-5].replace("--", "/", 1) for name in catalog_ids().values()})
         # the same name first; then the same model as its instruct or base sibling, which share every shape
         for same in (base_name, _sibling_name):
-            matches = [i for i in ids if same(i) == same(model_id) and not quant_from_name(i)]
+            matches = [i for i in ids if _spelling(same(i)) == _spelling(same(model_id)) and not quant_from_name(i)]
             if matches:
                 break
         else:
