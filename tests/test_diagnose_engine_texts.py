@@ -282,3 +282,47 @@ def test_a_paste_cut_after_the_call_into_the_kv_cache_check_is_placed_there():
             '  File "vllm/worker/worker.py", line 171, in initialize_cache\n'
             '    raise_if_cache_size_invalid(num_gpu_blocks, self.cache_config.block_size,')
     assert top(text)["class"] == "no_cache_blocks"
+
+
+# --- fourth round: Triton's capability checks, TGI's sharding texts, routes and the hub as the network sees them ----
+
+def test_tritons_fp8_capability_assertion_is_the_gpu_not_an_engine_bug():
+    # triton/language/semantic.py cast: an FP8 KV cache or checkpoint through a Triton kernel on an Ampere GPU
+    text = ('  File "triton/language/semantic.py", line 759, in cast\n'
+            '    assert builder.options.allow_fp8e4nv, "fp8e4nv data type is not supported on CUDA arch < 89"\n'
+            "AssertionError: fp8e4nv data type is not supported on CUDA arch < 89\n")
+    assert top(text)["class"] == "dtype_capability"
+
+
+def test_tgi_sharding_texts():
+    # models/__init__.py FLASH_ATT_ERROR_MESSAGE and utils/weights.py Weights.get_sharded, rendered
+    assert top("NotImplementedError: Sharded Llama requires Flash Attention enabled models.")["class"] == \
+        "dtype_capability"
+    finding = top("AssertionError: The choosen size 50432 is not compatible with sharding on 3 shards")
+    assert finding["class"] == "tp_misconfig"
+
+
+def test_fastapis_own_404_is_a_missing_route_not_a_missing_model():
+    # Starlette answers {"detail":"Not Found"} for a path it does not route; vLLM's unknown model is a JSON error
+    text = ('  File "trl/extras/vllm_client.py", line 233, in init_communicator\n'
+            '    raise Exception(f"Request failed: {response.status_code}, {response.text}")\n'
+            'Exception: Request failed: 404, {"detail":"Not Found"}\n')
+    assert top(text)["class"] == "connection"
+
+
+def test_the_hub_unreachable_while_loading_is_model_access_an_inference_host_is_a_connection():
+    hub = ("requests.exceptions.ConnectionError: (MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', port=443): "
+           "Max retries exceeded with url: /api/models/meta-llama/Llama-2-13b-chat-hf/revision/main (Caused by "
+           "NameResolutionError(\\\"<urllib3.connection.HTTPSConnection object>: Failed to resolve 'huggingface.co' "
+           "([Errno -3] Temporary failure in name resolution)\\\"))\"))\n")
+    assert top(hub)["class"] == "model_access"
+    endpoint = hub.replace("host='huggingface.co'", "host='router.huggingface.co'").replace(
+        "Failed to resolve 'huggingface.co'", "Failed to resolve 'router.huggingface.co'")
+    assert top(endpoint)["class"] == "connection"
+
+
+def test_ollamas_404_on_its_own_route_is_a_model_not_pulled():
+    # server/routes.go: a missing model is 404 on /api/chat; an unknown path is Go's "404 page not found"
+    assert top("httpx.HTTPStatusError: Client error '404 Not Found' for url 'http://localhost:11434/api/chat'")[
+        "class"] == "model_access"
+    assert top("Error: 404 page not found")["class"] == "connection"

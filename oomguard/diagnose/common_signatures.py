@@ -150,6 +150,13 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The Hugging Face hub answered an error for the model (not found, gated or unauthorised)."),
     Signature("hf.entry_not_found", C.MODEL_ACCESS, "entrynotfounderror", 0.8, "huggingface_hub/errors.py",
               cause="A file the loader needs is missing from the repo."),
+    # a transport error on the way to the hub itself (requests/urllib3 name the host): the model could not be fetched,
+    # whatever broke the network; an inference endpoint on another host of the domain is a client's connection
+    Signature("hf.unreachable", C.MODEL_ACCESS, "huggingface.co", 0.88, "urllib3/requests HTTPSConnectionPool",
+              require=True, pattern=r"host=\\?'(?:huggingface\.co|hf\.co|hf-mirror\.com|cdn-lfs[\w.-]*\.hf\.co)\\?'",
+              cause="The Hugging Face hub could not be reached to fetch the model, and it is not in the local cache: "
+                    "download it where there is network (huggingface-cli download) and serve the local path or run "
+                    "with HF_HUB_OFFLINE=1, or fix DNS/the proxy (HF_ENDPOINT for a mirror)."),
     Signature("hf.token_hint", C.MODEL_ACCESS, "hf_token", 0.35, "huggingface_hub", kind="hint",
               cause="A Hugging Face token is involved."),
     # --- tokenizers / chat templates (transformers, tokenizers, jinja2) ---
@@ -254,6 +261,11 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"[\w\]](?::\d+)?(?:/[\w.\-]+)*//(?:chat/)?completions\b",
               cause="The base URL ends in '/' and the client appends '/chat/completions': the doubled slash is a path "
                     "the server does not route (404). Drop the trailing slash."),
+    Signature("http.fastapi_no_route", C.CONNECTION, '"detail"', 0.85, "Starlette's default 404 body (FastAPI "
+              "servers: vLLM's OpenAI server, trl vllm-serve)", require=True, pattern=r'\{\s*"detail"\s*:\s*"Not Found"\s*\}',
+              cause="The server has no such route (FastAPI's own 404, not a model lookup): the client calls an "
+                    "endpoint this server does not serve: another API's path, a missing /v1, or a server started "
+                    "with another entry point than the client expects (trl vllm-serve vs vllm serve)."),
     Signature("http.404", C.CONNECTION, "404 not found", 0.55, "HTTP 404 (any server)",
               cause="The server answered 404: the route the client calls does not exist there (a base URL without "
                     "/v1, a doubled slash, another API's paths)."),
