@@ -171,8 +171,9 @@ def observations(records: list[dict]) -> list[Observation]:
             obs.append(Observation(r["id"], "activation_peak", r["activation_peak_gib"], linearize_many(
                 lambda co: profile.activation_candidates(model, tokens, reqs, padded_vocab(model.vocab_size), tp, pp,
                                                          stage == pp - 1, act_bytes, version, gpu.multiprocessors,
-                                                         co), names)))
-        shape = profile.GraphShape.of(version, c["max_num_seqs"], tokens, gpu.compute_capability)
+                                                         co, runner_v2=c["model_runner"] == "v2"), names)))
+        shape = profile.GraphShape.of(version, c["max_num_seqs"], tokens, gpu.compute_capability,
+                                      performance_mode=c["performance_mode"])
         # "Graph capturing finished" is a net free-memory delta only from 0.18 (synchronize and empty_cache first)
         if r.get("cuda_graph_gib") is not None and not c["enforce_eager"] and release(version).graph_pool_measured:
             names = GROUPS["cuda_graph"][1]

@@ -203,7 +203,8 @@ def record_inputs(r: dict):
         dtype=dtype if dtype in ("bfloat16", "float16", "float32") else "auto",
         quantization=quant if quant in _QUANT_WORDS else None,
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
-        enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0)
+        enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0,
+        performance_mode=r.get("performance_mode") or "balanced")
     try:   # the LoRA, speculative-decoding, multimodal and swap flags the log showed, as vLLM's flags
         cfg = cfg.with_flags(feature_flags(r))
     except UsageError as exc:

@@ -389,3 +389,31 @@ def test_before_0_11_the_window_also_holds_vllms_own_communicators():
     communicator = non_torch((0, 11, 0)) - non_torch((0, 11, 0), tp=1)
     assert non_torch((0, 10, 2)) == pytest.approx(non_torch((0, 11, 0)) + 2 * communicator + 18 / 1024, abs=0.01)
     assert non_torch((0, 8, 5)) == pytest.approx(non_torch((0, 11, 0)) + communicator + 18 / 1024, abs=0.01)
+
+
+# -- --performance-mode (0.17+) and model runner V2 ------------------------------------------------------------------
+def test_throughput_mode_doubles_the_default_batch_and_interactivity_captures_every_small_size():
+    balanced = run(version=V22).config
+    throughput = run(version=V22, performance_mode="throughput").config
+    assert throughput["max_num_seqs"] == 2 * balanced["max_num_seqs"]
+    assert throughput["max_num_batched_tokens"] == 2 * balanced["max_num_batched_tokens"]
+    given = run(version=V22, performance_mode="throughput", max_num_seqs=64).config
+    assert given["max_num_seqs"] == 64       # only the defaults double (engine/arg_utils.py)
+    sizes = profile.cuda_graph_sizes(V22, 256, 8192, performance_mode="interactivity")
+    assert set(range(1, 33)) <= set(sizes) and 3 not in profile.cuda_graph_sizes(V22, 256, 8192)
+    with pytest.raises(UsageError, match="came in 0.17"):
+        run(version=(0, 16, 0), performance_mode="throughput")
+
+
+def test_model_runner_v2_warms_up_a_lean_sampler_and_estimates_no_graphs_before_0_29():
+    # Qwen3 runs on model runner V2 by default from 0.22 (config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES);
+    # its sampler warm-up holds the bf16 logits and a float32 copy, and profile_cudagraph_memory returns 0
+    qwen = dict(model="Qwen/Qwen3-8B")
+    v1, v2 = run(version=(0, 21, 0), **qwen), run(version=(0, 24, 0), **qwen)
+    assert v1.config["model_runner"] == "v1" and v2.config["model_runner"] == "v2"
+    reqs, vocab = v2.config["max_num_seqs"], 151936
+    assert v2.first.activation_peak_bytes < v1.first.activation_peak_bytes
+    assert v2.first.activation_peak_bytes >= reqs * vocab * 6
+    assert v2.first.cuda_graph_estimate_bytes == 0 and v1.first.cuda_graph_estimate_bytes > 0
+    assert v2.first.non_torch_bytes < v1.first.non_torch_bytes   # no graph captured in the profiling window
+    assert run(version=(0, 29, 0), **qwen).first.cuda_graph_estimate_bytes > 0

@@ -33,11 +33,14 @@ def batch_defaults(version: Version, engine: str, gpu_name: str, total_bytes: in
 
 def resolve_batch(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,
                   max_model_len: int, multimodal: bool, max_num_seqs: int | None,
-                  max_num_batched_tokens: int | None) -> tuple[int, int, list[str]]:
-    """Apply defaults and vLLM's post-processing (_set_default_max_num_seqs_and_batched_tokens_args)."""
+                  max_num_batched_tokens: int | None, performance_mode: str = "balanced") -> tuple[int, int, list[str]]:
+    """Apply defaults and vLLM's post-processing (_set_default_max_num_seqs_and_batched_tokens_args); the
+    throughput performance mode doubles both defaults there."""
     notes: list[str] = []
     seqs_default, tokens_default, why = batch_defaults(version, engine, gpu_name, total_bytes, usage_context,
                                                        max_model_len, multimodal)
+    if performance_mode == "throughput":
+        seqs_default, tokens_default, why = 2 * seqs_default, 2 * tokens_default, why + ", doubled in throughput mode"
     seqs, tokens = max_num_seqs, max_num_batched_tokens
     if tokens is None:
         tokens = tokens_default

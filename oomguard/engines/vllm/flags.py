@@ -38,6 +38,15 @@ def max_model_len(text: str) -> int:
     return human_int(text)
 
 
+PERFORMANCE_MODES = ("balanced", "interactivity", "throughput")   # config/vllm.py PerformanceMode
+
+
+def performance_mode(text: str) -> str:
+    if text not in PERFORMANCE_MODES:
+        raise argparse.ArgumentTypeError(f"--performance-mode is one of {', '.join(PERFORMANCE_MODES)} (got {text!r})")
+    return text
+
+
 def _positive_float(text: str) -> float:
     try:
         return float(text)
@@ -113,6 +122,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("kv_cache_memory_bytes", ("--kv-cache-memory-bytes", "--kv-cache-memory"), human_int,
          "fixed KV cache size per GPU (ignores --gpu-memory-utilization)"),
     Flag("enable_expert_parallel", ("--enable-expert-parallel",), None, "split MoE experts over GPUs"),
+    Flag("performance_mode", ("--performance-mode",), performance_mode,
+         "balanced, interactivity (small CUDA graphs 1-32) or throughput (twice the default batch) (vLLM 0.17+)"),
     # LoRA adapters (vllm/config/lora.py LoRAConfig)
     Flag("enable_lora", ("--enable-lora",), None, "serve LoRA adapters: slots are preallocated on every GPU"),
     Flag("max_loras", ("--max-loras",), int, "adapters in one batch (GPU slots)"),

@@ -66,6 +66,7 @@ class EngineConfig:
     cpu_offload_gb: float = 0.0
     kv_cache_memory_bytes: int | None = None
     enable_expert_parallel: bool = False
+    performance_mode: str = "balanced"        # "interactivity" / "throughput" (0.17+)
     usage_context: str = "serve"              # "serve" (vllm serve) or "llm" (the LLM class)
     lora: LoraConfig | None = None            # --enable-lora and its sizes
     speculative: SpeculativeConfig | None = None  # --speculative-config (or the older separate flags)
@@ -509,8 +510,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         error_class = FailureClass.DTYPE_CAPABILITY
 
     multimodal = model.vision is not None
+    if cfg.performance_mode != "balanced" and not rel.performance_mode:
+        raise UsageError(f"vLLM {fmt(version)} has no --performance-mode: it came in 0.17")
     seqs, tokens, batch_notes = defaults.resolve_batch(version, engine, gpu.name, total, cfg.usage_context, max_len,
-                                                       multimodal, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+                                                       multimodal, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                                       cfg.performance_mode)
     notes += batch_notes
     if engine == "v1" and tokens < seqs and error is None:
         raise UsageError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})")
@@ -562,6 +566,16 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         model.attention_chunk_size and rel.chunked_local_disables_hybrid)
     num_reqs = min(seqs, tokens)
     in_budget = engine == "v1" and rel.cuda_graphs_in_budget
+    runner_v2 = engine == "v1" and spec_decode.runs_model_runner_v2(
+        model, rel, cfg.speculative.method if cfg.speculative else None)
+    # model runner V2 estimates no CUDA-graph pool before 0.29 (its profile_cudagraph_memory returns 0): nothing is
+    # captured in the profiling window and nothing is charged to the budget
+    graph_estimate_runs = not cfg.enforce_eager and (not runner_v2 or rel.v2_estimates_graphs)
+    if runner_v2:
+        notes.append(f"vLLM {fmt(version)} runs this model on model runner V2: its profile run warms the sampler up "
+                     "with the logits and their float32 copy only"
+                     + ("" if rel.v2_estimates_graphs or cfg.enforce_eager else
+                        ", and it charges no CUDA-graph estimate to the KV budget"))
     start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients, gpu.interconnect)
     free_at_start = total - start_used if free_memory_bytes is None else free_memory_bytes
     if free_memory_bytes is not None:
@@ -573,7 +587,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                    padded_vocab(model.vocab_size), act_bytes) \
         if drafter and engine == "v1" else 0
     graph_shape = profile.GraphShape.of(version, seqs, tokens, gpu.compute_capability,
-                                        1 + (drafter.tokens if drafter else 0))
+                                        1 + (drafter.tokens if drafter else 0), cfg.performance_mode)
     if cfg.lora:
         lora_slots.check(cfg.lora, rel, tp)
         graph_shape = replace(graph_shape, captures=graph_shape.captures * lora_slots.graph_capture_factor(cfg.lora,
@@ -607,7 +621,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         weights += draft_weights   # loaded inside the same profiler: one "Model loading took" figure
         activation = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp, pp,
                                                    stage == pp - 1, act_bytes, version, gpu.multiprocessors,
-                                                   coefficients, engine, rejection_bytes=rejection)
+                                                   coefficients, engine, rejection_bytes=rejection,
+                                                   runner_v2=runner_v2)
         held = 0
         if encoder and stage == 0 and encoder.profiled:
             activation = int(encoder.activation_peak(activation))
@@ -617,7 +632,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             version, tp, pp, model.hidden_size, act_bytes, tokens, gpu.compute_capability, gpu.nvlink_multicast,
             compiled) if gpu.interconnect == "nvlink" else 0
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
-                                            gpu.compute_capability, graphs=compiled, fusion_workspace=workspace)
+                                            gpu.compute_capability, graphs=compiled and graph_estimate_runs,
+                                            fusion_workspace=workspace)
         if workspace and stage == 0:
             pages = " (its three buffers rounded up to 512 MiB multicast pages)" \
                 if rel.allreduce_fusion_multicast_pages else ""
@@ -631,8 +647,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         if engine == "v1" and rel.non_torch_includes_baseline:  # the raw formula: all but live torch tensors
             non_torch += start_used
         graphs = profile.cuda_graph_bytes(model_q, len(layers), cfg.enforce_eager, coefficients, tp, graph_shape)
-        graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), cfg.enforce_eager, coefficients,
-                                                            tp, graph_shape)
+        graphs_estimate = profile.cuda_graph_estimate_bytes(model_q, len(layers), not graph_estimate_runs,
+                                                            coefficients, tp, graph_shape)
         if platform.rocm and engine == "v1":
             non_torch += int(rocm.profile_gib * GiB)           # profile.RocmFit: hipBLASLt, load-time HIP memory
             if graphs:                                          # HIP graphs' pool above CUDA's
@@ -768,7 +784,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             "activation_peak" not in measured_names:   # a measured peak already used the sampler that is installed
         with_flashinfer = profile.activation_peak_bytes(model_q, tokens, num_reqs, padded_vocab(model.vocab_size), tp,
                                                         pp, True, act_bytes, version, gpu.multiprocessors,
-                                                        coefficients, engine, flashinfer=True)
+                                                        coefficients, engine, flashinfer=True, runner_v2=runner_v2)
         kv_high += max(workers[tight].activation_peak_bytes - with_flashinfer, 0)
     reserve = avail_min - fit_available
     kv_check = f"the KV cache check: {_gib(needed)} GiB needed, {_gib(kv_low)}-{_gib(kv_high)} GiB available"
@@ -827,7 +843,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         "kv_cache_dtype": cfg.kv_cache_dtype, "block_size": block_size, "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": cfg.enable_prefix_caching, "cpu_offload_gb": cfg.cpu_offload_gb,
         "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes, "enable_expert_parallel": cfg.enable_expert_parallel,
-        "usage_context": cfg.usage_context, **cfg.feature_flags,
+        "performance_mode": cfg.performance_mode, "usage_context": cfg.usage_context,
+        "model_runner": "v2" if runner_v2 else engine, **cfg.feature_flags,
     }
     return MemoryReport(
         model_id=model.model_id, gpu_name=gpu.name, gpu_count=gpu_count, vllm_version=fmt(version), engine=engine,

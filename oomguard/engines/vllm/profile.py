@@ -66,14 +66,14 @@ class ProfileCoefficients:
     non_torch_v06_gib: float = 0.83           # 0.6.x counted the CUDA context and cuBLAS handles too
     context_gib: float = 0.51                 # CUDA context + allocator state present before vLLM's snapshot
     nccl_init_gib: float = 1.15               # NCCL communicators created before the snapshot (V1 >= 0.11)
-    graph_base_gib: float = 0.47             # CUDA-graph pool, fixed part
-    graph_per_layer_gib: float = 0.0139       # per decoder layer on the rank, at the default capture sizes
+    graph_base_gib: float = 0.455             # CUDA-graph pool, fixed part
+    graph_per_layer_gib: float = 0.014       # per decoder layer on the rank, at the default capture sizes
     graph_per_layer_tp_gib: float = 0.0       # per decoder layer, the part sharded over TP ranks (/ tp)
-    graph_moe_gib_per_m: float = 1.77         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
-    graph_est_base_gib: float = 0.254         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
+    graph_moe_gib_per_m: float = 1.81         # MoE: per million (MoE layers x top_k x expert-intermediate / tp)
+    graph_est_base_gib: float = 0.235         # the same four for vLLM's estimate ("Estimated CUDA graph memory")
     graph_est_per_layer_gib: float = 0.0175
     graph_est_per_layer_tp_gib: float = 0.0
-    graph_est_moe_gib_per_m: float = 1.16
+    graph_est_moe_gib_per_m: float = 1.23
 
 
 COEFFICIENTS = ProfileCoefficients()
@@ -119,7 +119,7 @@ ROCM_FIT = RocmFit()
 
 # How far the fitted figures miss what vLLM measures: 90th-percentile absolute residuals of the fit on the startup
 # records (python benchmarks/fit_profile.py); the planner widens its available-KV figure by their sum into a range.
-ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.10, "cuda_graph": 0.28, "cuda_graph_estimate": 0.29}
+ESTIMATE_P90_GIB = {"activation_peak": 0.04, "non_torch": 0.10, "cuda_graph": 0.28, "cuda_graph_estimate": 0.34}
 
 
 def moe_workspace_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int) -> int:
@@ -149,8 +149,12 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
 
 
 def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocessors: int = 0,
-                       flashinfer: bool = False) -> int:
-    """Peak of the sampler dummy run (gpu_model_runner._dummy_sampler_run) over num_reqs x vocab logits."""
+                       flashinfer: bool = False, runner_v2: bool = False, logits_bytes: int = 2) -> int:
+    """Peak of the sampler dummy run (gpu_model_runner._dummy_sampler_run) over num_reqs x vocab logits; model runner
+    V2's warm-up (v1/worker/gpu/sample/sampler.py Sampler.apply_sampling_params) holds the logits and their float32
+    copy, its default parameters skipping top-k/top-p and the Gumbel draw running in one kernel."""
+    if runner_v2 and release(version).v2_sampler_plain_warmup:
+        return num_reqs * vocab * (logits_bytes + 4)
     triton = not release(version).sampler_sorts and not flashinfer and num_reqs >= 8  # apply_top_k_top_p
     buffer = TRITON_BYTES_PER_SM_LOGIT * multiprocessors * vocab if triton else 0
     return num_reqs * vocab * sampler_bytes_per_logit(version, num_reqs, flashinfer) + buffer
@@ -159,7 +163,8 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocess
 def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
                           c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1",
-                          flashinfer: bool = False, rejection_bytes: int = 0) -> tuple[float, float]:
+                          flashinfer: bool = False, rejection_bytes: int = 0,
+                          runner_v2: bool = False) -> tuple[float, float]:
     """The two peaks profile_run can hit on one worker: (forward pass, sampler dummy run), each linear in `c`."""
     forward = forward_peak_bytes(model, tokens, tp, act_bytes, c, engine)
     # hidden_states stay alive while the sampler runs, with the rows gathered for it (hidden_states[logit_indices])
@@ -168,7 +173,8 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
     # from 0.13 the fused-MoE workspace comes from the WorkspaceManager (v1/worker/workspace.py) and stays allocated
     kept = moe_workspace_bytes(model, tokens, tp, act_bytes) if release(version).moe_workspace_persists else 0
     # with speculative decoding the rejection sampler warms up after the sampler (speculative.rejection_warmup_bytes)
-    sampler = max(sampler_peak_bytes(vocab, num_reqs, version, multiprocessors, flashinfer), rejection_bytes) + \
+    sampler = max(sampler_peak_bytes(vocab, num_reqs, version, multiprocessors, flashinfer, runner_v2, act_bytes),
+                  rejection_bytes) + \
         hidden_alive + kept if last_stage else 0.0
     pp_buffers = 2 * tokens * model.hidden_size * act_bytes if pp > 1 else 0.0  # IntermediateTensors
     return forward + pp_buffers, sampler + pp_buffers
@@ -177,11 +183,11 @@ def activation_candidates(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: int, tp: int, pp: int,
                           last_stage: bool, act_bytes: int, version: Version, multiprocessors: int = 0,
                           c: ProfileCoefficients = COEFFICIENTS, engine: str = "v1", flashinfer: bool = False,
-                          rejection_bytes: int = 0) -> int:
+                          rejection_bytes: int = 0, runner_v2: bool = False) -> int:
     """torch peak increase during profile_run on one worker: the larger of the two candidates (`flashinfer`: with
     FlashInfer's sampler, which releases up to 0.11 use when it is installed)."""
     return int(max(activation_candidates(model, tokens, num_reqs, vocab, tp, pp, last_stage, act_bytes, version,
-                                         multiprocessors, c, engine, flashinfer, rejection_bytes)))
+                                         multiprocessors, c, engine, flashinfer, rejection_bytes, runner_v2)))
 
 
 def allreduce_fusion_workspace_bytes(version: Version, tp: int, pp: int, hidden: int, act_bytes: int,
@@ -259,16 +265,19 @@ def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int
 
 
 def cuda_graph_sizes(version: Version, max_num_seqs: int, max_num_batched_tokens: int,
-                     compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1) -> tuple[int, ...]:
+                     compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1,
+                     performance_mode: str = "balanced") -> tuple[int, ...]:
     """Token counts vLLM captures CUDA graphs for by default (config/vllm.py VllmConfig._set_cudagraph_sizes);
-    `decode_query_len`: 1 + the speculative tokens, which each decode step carries."""
+    `decode_query_len`: 1 + the speculative tokens, which each decode step carries; the interactivity performance
+    mode captures every size from 1 to 32 where the others start 1, 2, 4."""
     rel = release(version)
     cap = 1024 if rel.graph_cap_1024_on_blackwell and compute_capability[0] == 10 else 512
     per_seq = 2 * (decode_query_len if rel.graph_sizes_scale_with_spec else 1)
     largest = min(per_seq * max_num_seqs, cap) if rel.graph_sizes_follow_max_num_seqs else cap
     largest = min(largest, max_num_batched_tokens)
+    small = range(1, min(largest, 32) + 1) if performance_mode == "interactivity" else (1, 2, 4)
     if rel.graph_sizes_step_16_above_256:
-        sizes = [s for s in (1, 2, 4) if s <= largest] + list(range(8, min(largest + 1, 256), 8)) + \
+        sizes = [s for s in small if s <= largest] + list(range(8, min(largest + 1, 256), 8)) + \
             list(range(256, largest + 1, 16))
     else:
         sizes = [1, 2, 4] + list(range(8, largest + 1, 8))
@@ -308,8 +317,10 @@ class GraphShape:
 
     @classmethod
     def of(cls, version: Version, max_num_seqs: int, max_num_batched_tokens: int,
-           compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1) -> GraphShape:
-        sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability, decode_query_len)
+           compute_capability: tuple[int, int] = (9, 0), decode_query_len: int = 1,
+           performance_mode: str = "balanced") -> GraphShape:
+        sizes = cuda_graph_sizes(version, max_num_seqs, max_num_batched_tokens, compute_capability, decode_query_len,
+                                 performance_mode)
         return cls(_captures(version, sizes, max_num_seqs), max(sizes) if sizes else 0)
 
 

@@ -81,6 +81,9 @@ class VllmRelease:
     v2_runner_dense: bool                # any model neither MoE nor hybrid (0.25+)
     v2_runner_everywhere: bool           # every model (0.29+)
     v2_spec_methods: frozenset[str]      # speculative methods V2 runs (others fall back to V1)
+    v2_estimates_graphs: bool            # V2's profile_cudagraph_memory estimates the pool (before: returns 0)
+    v2_sampler_plain_warmup: bool        # V2's sampler warm-up runs default parameters only: the logits and their
+                                         # float32 copy, no top-k/top-p, logprobs or penalties
     mamba_spec_blocks: bool              # a hybrid keeps 1 + k recurrent-state pages a request
     graph_sizes_scale_with_spec: bool    # capture sizes up to max_num_seqs x (1 + k) x 2
     kv_offloading_flags: bool            # --kv-offloading-size / --kv-offloading-backend
@@ -106,6 +109,7 @@ class VllmRelease:
     full_and_piecewise_graphs: bool        # cudagraph_mode FULL_AND_PIECEWISE: full decode graphs too
     graph_sizes_add_batched_tokens: bool   # max_num_batched_tokens appended when it is a capture size candidate
     graph_sizes_add_max_num_seqs: bool     # max_num_seqs itself appended
+    performance_mode: bool                 # --performance-mode (interactivity: sizes 1-32; throughput: 2x batch)
     graph_cap_1024_on_blackwell: bool      # the capture cap is 1024 on data-centre Blackwell
     graph_pool_measured: bool              # "Graph capturing finished ... took X" follows empty_cache (not a net delta)
     # --- hybrid linear-attention models (models/config.py HybridAttentionMambaModelConfig, kv_cache_interface.py) ---
@@ -283,6 +287,9 @@ def release(version: Version) -> VllmRelease:
                                ((0, 31, 0), frozenset({"eagle", "eagle3", "mtp", "dflash", "draft_model"})),
                                ((0, 32, 0), frozenset({"eagle", "eagle3", "mtp", "dflash", "draft_model", "ngram",
                                                        "ngram_gpu"}))),
+        v2_estimates_graphs=_since(v, False, ((0, 29, 0), True)),   # v1/worker/gpu/model_runner.py
+        # v1/worker/gpu/model_runner.py _dummy_sampler_run; 0.33 adds a pass with SamplingParams.for_sampler_warmup
+        v2_sampler_plain_warmup=(0, 22, 0) <= v < (0, 33, 0),
         mamba_spec_blocks=_since(v, False, ((0, 10, 2), True)),             # MambaSpec.num_speculative_blocks
         graph_sizes_scale_with_spec=_since(v, False, ((0, 13, 0), True)),   # config/vllm.py _set_cudagraph_sizes
         kv_offloading_flags=_since(v, False, ((0, 12, 0), True)),           # config/cache.py kv_offloading_size
@@ -313,6 +320,7 @@ def release(version: Version) -> VllmRelease:
         full_and_piecewise_graphs=_since(v, False, ((0, 11, 0), True)),      # compilation.py default mode
         graph_sizes_add_batched_tokens=_since(v, False, ((0, 21, 0), True)),
         graph_sizes_add_max_num_seqs=_since(v, False, ((0, 31, 0), True)),
+        performance_mode=_since(v, False, ((0, 17, 0), True)),   # config/vllm.py, engine/arg_utils.py
         graph_cap_1024_on_blackwell=_since(v, False, ((0, 28, 0), True)),
         graph_pool_measured=_since(v, False, ((0, 18, 0), True)),          # gpu_model_runner.capture_model
         # registry.py lists GraniteMoeHybridForCausalLM from 0.9.0 and NemotronHForCausalLM from 0.9.1, V0-only (or V1

@@ -169,10 +169,10 @@ def drafter(spec: SpeculativeConfig, model: ModelSpec, rel: VllmRelease, par: Pa
         f"speculative method {method} is not modelled: its weights and KV cache are not counted here",))
 
 
-def runs_model_runner_v2(model: ModelSpec, rel: VllmRelease, method: str) -> bool:
+def runs_model_runner_v2(model: ModelSpec, rel: VllmRelease, method: str | None = None) -> bool:
     """Whether vLLM runs this model on model runner V2 (config/vllm.py VllmConfig.use_v2_model_runner and
-    _is_default_v2_model_runner_model), which warms up no rejection sampler."""
-    if method not in rel.v2_spec_methods:
+    _is_default_v2_model_runner_model), which warms up no rejection sampler; `method`: the speculative one, if any."""
+    if method is not None and method not in rel.v2_spec_methods:
         return False   # _get_v2_model_runner_unsupported_features: back to V1
     if rel.v2_runner_everywhere:
         return True
