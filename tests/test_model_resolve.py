@@ -82,3 +82,24 @@ def test_a_name_without_the_hyphen_before_its_version_is_the_same_model(model_id
 def test_the_hyphen_rule_does_not_join_different_sizes():
     with pytest.raises(UsageError, match="not in the offline catalog"):
         load_model("someone/llama3-71b")
+
+
+@pytest.mark.parametrize("model_id, method, bits, group", [
+    # local copies as vLLM logs them: a W4A16 export under its git revision, an FP8 MTP graft, AutoRound's W4G64
+    ("~/models/GLM-5.2-W4A16-55c92ae", "compressed-tensors", 4, 128),
+    ("/scratch/models/GLM-5.2-W4A16-55c92ae", "compressed-tensors", 4, 128),
+    ("~/models/GLM-5.2-W4A16-FP8-MTP", "compressed-tensors", 4, 128),
+    ("~/models/GLM-5.2-AutoRound-W4G64-MTP-e1ba887", "gptq", 4, 64),
+])
+def test_a_local_copy_with_a_revision_or_group_tag_is_its_catalog_model(model_id, method, bits, group):
+    model = load_model(model_id)
+    assert model.resolved_from == "zai-org/GLM-5.2"
+    assert (model.quant.method, model.quant.bits, model.quant.group_size) == (method, bits, group)
+    assert model.indexer.shared_layers and len(model.indexer.shared_layers) == 57
+
+
+def test_a_revision_suffix_needs_letters_and_digits():
+    from oomguard.models.variants import base_name
+    assert base_name("someone/GLM-5.2-W4A16-55c92ae") == "glm-5.2"
+    assert base_name("someone/model-deadbee") == "model-deadbee"      # all letters: a word, not a revision
+    assert base_name("someone/model-20250514") == "model-20250514"    # all digits: a date

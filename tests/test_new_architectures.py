@@ -7,12 +7,13 @@ exists (shared/data, benchmarks/data/startup_logs), the test says what it printe
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 
 from oomguard.engines.vllm.memory import EngineConfig, predict
 from oomguard.engines.vllm.weights import Parallel, layer_bytes, stage_weight_bytes
-from oomguard.errors import NotSupportedError, UsageError
+from oomguard.errors import UsageError
 from oomguard.gpus.catalog import resolve_gpu
 from oomguard.models.load import catalog_entry, from_catalog
 from oomguard.models.spec import MODELLED_TYPES, NOT_MODELLED_YET, parse_config
@@ -251,11 +252,143 @@ def test_dsa_needs_the_release_that_added_it():
                 gpu_count=8)
 
 
-def test_dsa_index_sharing_is_refused():
-    config = copy.deepcopy(catalog_entry(V32)["config"])
-    config["index_topk_freq"] = 4
-    with pytest.raises(NotSupportedError, match="index_topk_freq"):
-        parse_config(config, "x/shared-indexer")
+# --- GLM-5.2: the DSA indexer shared across layers (IndexShare; index_topk_freq 4, index_skip_topk_offset 3) --------
+#     vLLM reads the sharing in models/deepseek_v2.py DeepseekV2MLAAttention.__init__ ("IndexCache config"; from 0.29
+#     models/deepseek_v32/attention.py DeepseekV32Attention.__init__ on CUDA):
+#       0.16-0.20  never; 0.21-0.22 only with use_index_cache (GLM-5.2 has none), at a fixed offset of 2
+#       0.23       skip = max(layer - index_skip_topk_offset + 1, 0) % index_topk_freq != 0, but every layer still
+#                  builds its Indexer (weights and K cache)
+#       0.24+      "if self.is_v32 and (not _skip_topk or is_mtp_layer)": only the 21 layers computing top-k, and
+#                  the MTP layer, build one
+#     The checkpoint carries indexers on those 21 layers and the MTP layer only: the FP8 copy's modules_to_not_convert
+#     names indexer.k_norm on layers 0, 1, 2, 6, ..., 74, 78, and its 753,329,940,480 BF16 elements (Megatron-Bridge's
+#     GLM-5.2 verification card) are the shapes below summed with 22 indexers of 9,371,904 parameters.
+
+GLM52, GLM52_BF16, GLM51 = "zai-org/GLM-5.2-FP8", "zai-org/GLM-5.2", "zai-org/GLM-5.1-FP8"
+GLM52_FULL = (0, 1, 2) + tuple(range(6, 75, 4))     # the layers computing their own top-k
+
+
+def test_glm52_shared_layers_follow_its_config():
+    from oomguard.engines.vllm.releases import release
+    from oomguard.engines.vllm.weights import indexer_skips_topk
+    m = from_catalog(GLM52)
+    types = catalog_entry(GLM52)["config"]["indexer_types"]
+    assert len(GLM52_FULL) == 21 and [i for i, t in enumerate(types) if t == "full"] == list(GLM52_FULL)
+    assert m.indexer.shared_layers == tuple(i for i in range(78) if i not in GLM52_FULL)
+    assert (m.indexer.topk_freq, m.indexer.skip_offset, m.indexer.topk_pattern) == (4, 3, None)
+    # vLLM's own rule from index_topk_freq / index_skip_topk_offset gives the same 57 shared layers from 0.23
+    for v in ((0, 23, 0), (0, 24, 0), (0, 29, 0), (0, 33, 0)):
+        assert tuple(i for i in range(78) if indexer_skips_topk(m.indexer, i, release(v))) == m.indexer.shared_layers
+    # before, every layer computes its own (0.21-0.22 would share only with use_index_cache, at offset 2)
+    assert not any(indexer_skips_topk(m.indexer, i, release((0, 22, 0))) for i in range(78))
+    opted_in = replace(m.indexer, use_index_cache=True)
+    assert [i for i in range(12) if not indexer_skips_topk(opted_in, i, release((0, 22, 0)))] == [0, 1, 5, 9]
+    assert not any(indexer_skips_topk(opted_in, i, release((0, 20, 0))) for i in range(78))
+
+
+def test_glm52_indexer_per_layer_by_release():
+    from oomguard.engines.vllm.weights import builds_indexer
+    m = from_catalog(GLM52)
+    built = {v: [i for i in range(78) if builds_indexer(m, i, v)] for v in ((0, 23, 0), (0, 24, 0), (0, 33, 0))}
+    assert built[(0, 23, 0)] == list(range(78))
+    assert built[(0, 24, 0)] == built[(0, 33, 0)] == list(GLM52_FULL)
+    assert builds_indexer(m, 78, (0, 24, 0))           # the MTP layer (is_mtp_layer) always has one
+    glm51 = from_catalog(GLM51)                          # no sharing: every layer, every release
+    assert all(builds_indexer(glm51, i, (0, 33, 0)) for i in range(78))
+
+
+def test_glm52_weights_against_glm51():
+    # One layer at TP 1: GLM-5.2's MLA, MoE and indexer shapes are GLM-5.1's. FP8 blocks of 128 x 128 (1 + 4 / 16,384
+    # bytes a weight); one indexer: wq_b 2048 x 4096 = 8,390,656, wk_weights_proj [128 + 32, 6144] bf16 = 1,966,080,
+    # k_norm 512 -> 10,357,248 bytes.
+    glm52, glm51 = from_catalog(GLM52), from_catalog(GLM51)
+    one = 8_390_656 + 1_966_080 + 512
+    for layer in (3, 5, 77):                             # shared layers: no indexer from 0.24
+        assert layer_bytes(glm51, layer, Parallel(), BF16, version=(0, 24, 0)) - \
+            layer_bytes(glm52, layer, Parallel(), BF16, version=(0, 24, 0)) == one
+        assert layer_bytes(glm51, layer, Parallel(), BF16, version=(0, 23, 0)) == \
+            layer_bytes(glm52, layer, Parallel(), BF16, version=(0, 23, 0))
+    for layer in (0, 6, 74):
+        assert layer_bytes(glm51, layer, Parallel(), BF16, version=(0, 24, 0)) == \
+            layer_bytes(glm52, layer, Parallel(), BF16, version=(0, 24, 0))
+    # A whole stage at TP 8, max_num_batched_tokens 8192, max_num_seqs 1024. Beyond the layers, GLM-5.2's RoPE covers
+    # max_position_embeddings 1,048,576 (GLM-5.1: 202,752): (1,048,576 - 202,752) x 64 x 2 = 108,265,472 bytes a
+    # cos/sin cache; up to 0.29 the indexer keeps a second one (NeoX-style), from 0.30 it uses the MLA one
+    # (indexer_rope_interleave). 0.33's top-k workspaces: one per index-producing layer, 1025 x 2049 x 4 = 8,400,900.
+    def stage(model, v):
+        return stage_weight_bytes(model, Parallel(tp=8), 0, BF16, (9, 0), v, 8192, 1024)
+    rope = 108_265_472
+    assert stage(glm51, (0, 23, 0)) - stage(glm52, (0, 23, 0)) == -2 * rope
+    assert stage(glm51, (0, 24, 0)) - stage(glm52, (0, 24, 0)) == 57 * one - 2 * rope
+    assert stage(glm51, (0, 33, 0)) - stage(glm52, (0, 33, 0)) == 57 * one + 57 * 8_400_900 - rope
+
+
+@pytest.mark.parametrize("model, version, kv_dtype, per_token", [
+    # H200 (Hopper): fp8 becomes fp8_ds_mla (656 bytes a token and layer); the indexer's 128 fp8 + 4-byte scale
+    (GLM52, (0, 24, 0), "fp8", 78 * 656 + 21 * 132),    # 53,940
+    (GLM52, (0, 33, 0), "fp8", 78 * 656 + 21 * 132),
+    (GLM52, (0, 23, 0), "fp8", 78 * (656 + 132)),       # 61,464: every layer's Indexer registers its K cache
+    (GLM51, (0, 24, 0), "fp8", 78 * (656 + 132)),
+    (GLM52, (0, 24, 0), "auto", 78 * 576 * 2 + 21 * 132),  # bf16 latent 512 + 64: 92,628
+])
+def test_glm52_kv_bytes_per_token(model, version, kv_dtype, per_token):
+    # all MLA specs of one block size (64): UniformTypeKVCacheSpecs puts the 78 latents and the indexer K caches in
+    # one group whose block holds a page of each
+    r = predict(from_catalog(model), resolve_gpu("h200"), EngineConfig(tensor_parallel_size=8, max_model_len=131072,
+                                                                        kv_cache_dtype=kv_dtype), version, gpu_count=8)
+    assert r.block_size == 64 and len(r.kv_layout.groups) == 1
+    assert r.kv_layout.bytes_per_block == 64 * per_token
+
+
+def test_glm52_mtp_layer_brings_its_indexer():
+    # the MTP layer (model.layers.78) builds its indexer even where layer 77 has none: weights and a KV page of both
+    # its latent and its indexer K (656 + 132 bytes a token)
+    cfg = EngineConfig(tensor_parallel_size=8, max_model_len=131072, kv_cache_dtype="fp8")
+    glm52 = from_catalog(GLM52)
+    base = predict(glm52, resolve_gpu("h200"), cfg, (0, 24, 0), gpu_count=8)
+    mtp = predict(glm52, resolve_gpu("h200"), cfg.with_flags({"speculative_config": {"method": "mtp",
+                                                                                      "num_speculative_tokens": 3}}),
+                  (0, 24, 0), gpu_count=8)
+    assert mtp.kv_layout.bytes_per_block - base.kv_layout.bytes_per_block == 64 * (656 + 132)
+    last = layer_bytes(glm52, 77, Parallel(tp=8), BF16, version=(0, 24, 0))
+    # eh_proj 2 x 6144 x 6144 bf16 (plain nn.Linear, whole on every GPU), enorm and hnorm; lm_head shared (0.16+)
+    fusion = 2 * 6144 * 6144 * BF16 + 2 * 6144 * BF16
+    assert mtp.first.speculative_weights_bytes == last + 8_390_656 + 1_966_080 + 512 + fusion
+
+
+def test_glm52_needs_a_release_that_reads_index_sharing():
+    for v in ((0, 16, 0), (0, 22, 0)):
+        with pytest.raises(UsageError, match=r"0\.23\.0"):
+            predict(from_catalog(GLM52), resolve_gpu("h200"), EngineConfig(tensor_parallel_size=8), v, gpu_count=8)
+    with pytest.raises(UsageError, match=r"0\.16\.0"):            # glm_moe_dsa itself came in 0.16
+        predict(from_catalog(GLM52), resolve_gpu("h200"), EngineConfig(tensor_parallel_size=8), (0, 15, 0),
+                gpu_count=8)
+    # 0.23 runs it; an unquantized checkpoint fails its strict load check (the shared layers' indexer.k_norm is never
+    # loaded) unless weight tracking is turned off: a warning, not for FP8 (no check for quantized models) nor 0.24+
+    cfg = EngineConfig(tensor_parallel_size=8, max_model_len=131072)
+    def warned(model, v):
+        r = predict(from_catalog(model), resolve_gpu("b200"), cfg, v, gpu_count=8)
+        return any("enable_weights_track" in w for w in r.warnings)
+    assert warned(GLM52_BF16, (0, 23, 0))
+    assert not warned(GLM52, (0, 23, 0)) and not warned(GLM52_BF16, (0, 24, 0)) and not warned(GLM51, (0, 23, 0))
+
+
+def test_glm52_against_the_startup_logs():
+    # benchmarks/data/startup_logs/collected_i.jsonl col-i-001 and col-i-002: lowbitcoffee's GLM-5.2 W4A16 on 4 GH200,
+    # TP 4 with expert parallelism, fp8_ds_mla, a stock vLLM build 0.23.1rc1.dev1201 (after 0.23.0: it builds the
+    # indexer only where 0.24 does). "GPU KV cache size" is concurrency x 400,000 with 6250 blocks a request: 8974
+    # blocks (574,336 tokens) from "Available KV cache memory: 28.85 GiB" and 10,049 (643,136) from 32.32 GiB, i.e.
+    # 53,921-53,946 and 53,946-53,968 bytes a token once the GiB rounding is allowed for (the engine takes the
+    # smallest rank's memory, rank 0's printed). 21 indexer K caches: 53,940 bytes a token; 78 would be 61,464 and
+    # give 504,064 and 564,672 tokens.
+    m = from_catalog(GLM52)
+    per_token = predict(m, resolve_gpu("h200"), EngineConfig(tensor_parallel_size=4, max_model_len=400000,
+                                                             kv_cache_dtype="fp8_ds_mla"), (0, 24, 0),
+                        gpu_count=4).kv_layout.bytes_per_block // 64
+    assert per_token == 53_940
+    for gib, blocks in ((28.85, 8974), (32.32, 10_049)):
+        assert int((gib + 0.005) * GiB // (64 * per_token)) >= blocks           # within the printed rounding
+        assert int((gib + 0.005) * GiB // (64 * 61_464)) < blocks * 0.9        # every layer's K: 10% short
 
 
 @pytest.mark.parametrize("model", [V32, GLM5])

@@ -118,8 +118,8 @@ def test_beats_both_baselines_on_kv_memory(summary):
 
 
 def test_most_collected_startups_name_a_model_the_planner_answers_offline(everything):
-    # issue 15's target is 85% of the real startups the project collected (those that name a model id); 12 starts of
-    # one user's local GLM-5.2 checkpoint (a model no public config of which was found) hold the measured share at
-    # 84%: this guards it from falling, the target stays open
+    # issue 15's target is 85% of the real startups the project collected (those that name a model id); with GLM-5.2
+    # in the catalog, the 24 starts of local GLM-5.2 copies (W4A16, AutoRound, an FP8 MTP graft) resolve by name and
+    # the share is 92% (219 of 237): this guards it from falling back below the target
     coverage = everything["summary"]["coverage"]["collected"]
-    assert coverage["records"] >= 200 and coverage["answered"] / coverage["records"] >= 0.835, coverage
+    assert coverage["records"] >= 200 and coverage["answered"] / coverage["records"] >= 0.9, coverage

@@ -40,6 +40,11 @@ def test_facts_change_where_vllm_changed_them():
     assert release((0, 10, 2)).kv_usage_metrics == ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     assert release((0, 11, 0)).kv_usage_metrics == ("vllm:kv_cache_usage_perc",)
     assert release((0, 15, 0)).regressions and not release((0, 17, 0)).regressions
+    # models/deepseek_v2.py DeepseekV2MLAAttention.__init__: IndexCache behind use_index_cache in 0.21-0.22, read from
+    # index_topk_freq / index_skip_topk_offset in 0.23, an indexer only where top-k is computed from 0.24
+    assert [release((0, m, 0)).dsa_index_share for m in (20, 21, 22, 23, 33)] == \
+        ["none", "opt_in", "opt_in", "config", "config"]
+    assert not release((0, 23, 0)).dsa_indexer_only_where_topk and release((0, 24, 0)).dsa_indexer_only_where_topk
 
 
 def test_every_release_in_range_is_defined():

@@ -38,7 +38,11 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
 def quant_from_name(model_id: str) -> QuantSpec | None:
     name, base = re.sub(r"[\s_]+", "-", model_id.strip().rsplit("/", 1)[-1].lower()), base_name(model_id)
     suffix = name[len(base):] if name.startswith(base) else name
-    return next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
+    quant = next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
+    tag = re.search(r"-w(\d+)g(\d+)(?=-|$)", suffix)   # "W4G64": 4-bit weights in groups of 64 (AutoRound's names)
+    if quant is not None and quant.group_size and tag:
+        quant = replace(quant, bits=int(tag.group(1)), group_size=int(tag.group(2)))
+    return quant
 
 
 _TUNE_SUFFIX = re.compile(r"-(?:instruct|it|chat|base|hf)$")

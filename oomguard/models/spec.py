@@ -235,12 +235,24 @@ class Gemma3nSpec:
 
 @dataclass(frozen=True)
 class IndexerSpec:
-    """The sparse-attention indexer of DeepSeek-V3.2 / GLM-5 (DSA): its own projections and its own K cache."""
+    """The sparse-attention indexer of DeepSeek-V3.2 / GLM-5 (DSA): its own projections and its own K cache.
+
+    GLM-5.2 shares it (IndexShare / IndexCache): only some layers compute the top-k tokens, the others reuse the last
+    computed indices. config.json says which: index_topk_freq and index_skip_topk_offset (or an explicit
+    index_topk_pattern of "F"/"S" per layer), spelt out per layer in indexer_types. Which of those layers vLLM gives
+    an indexer depends on the release (engines/vllm/weights.py builds_indexer)."""
 
     num_heads: int                    # index_n_heads
     head_dim: int                     # index_head_dim
     topk: int                         # index_topk
     rope_interleave: bool = False     # indexer_rope_interleave (GLM-5): its RoPE is the MLA one's (not NeoX-style)
+    topk_freq: int = 1                # index_topk_freq: one layer in this many computes its own top-k
+    skip_offset: int | None = None    # index_skip_topk_offset as config.json gives it (None: absent)
+    topk_pattern: tuple[str, ...] | None = None   # index_topk_pattern, one "F"/"S" per layer (None: absent)
+    use_index_cache: bool = False     # use_index_cache (vLLM 0.21-0.22 apply the sharing only when it is set)
+    # the layers whose checkpoint carries no indexer: indexer_types' "shared" layers, else what
+    # index_topk_freq / index_skip_topk_offset / index_topk_pattern make shared; () when every layer has its own
+    shared_layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -916,13 +928,31 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
 
 def _indexer(text: dict, model_id: str) -> IndexerSpec:
     """DeepSeek-V3.2 / GLM-5 sparse attention (DSA): vLLM treats any DeepSeek config with index_topk as one
-    (models/deepseek_v2.py DeepseekV2Model.is_v32), every layer with its own indexer."""
-    if (_int(text, "index_topk_freq", default=1) or 1) > 1 or text.get("index_topk_pattern"):
-        raise NotSupportedError(f"{model_id} shares its sparse-attention indexer across layers (index_topk_freq / "
-                                "index_topk_pattern), which oomguard does not model yet")
+    (models/deepseek_v2.py DeepseekV2Model.is_v32). GLM-5.2's index sharing (IndexShare) is read here as the
+    checkpoint declares it; what each vLLM release makes of it is engines/vllm/weights.py's."""
+    layers = _int(text, "num_hidden_layers", default=0) or 0
+    freq = _int(text, "index_topk_freq", default=1) or 1
+    offset = _int(text, "index_skip_topk_offset")
+    raw_pattern = text.get("index_topk_pattern")
+    pattern = tuple(str(x) for x in raw_pattern) if isinstance(raw_pattern, (list, tuple, str)) else None
+    types = text.get("indexer_types")
+    if isinstance(types, list) and len(types) == layers:
+        # the checkpoint's own per-layer list (transformers GlmMoeDsaConfig: "full" or "shared")
+        shared = tuple(i for i, t in enumerate(types) if t != "full")
+    elif pattern is not None:
+        shared = tuple(i for i in range(min(layers, len(pattern))) if pattern[i] == "S")
+    elif freq > 1:
+        # transformers' and vLLM 0.23+'s schedule: a layer computes its top-k when max(i - offset + 1, 0) % freq == 0
+        # (vLLM's default offset is 2)
+        first = 2 if offset is None else offset
+        shared = tuple(i for i in range(layers) if max(i - first + 1, 0) % freq)
+    else:
+        shared = ()
     return IndexerSpec(num_heads=_int(text, "index_n_heads", default=64), head_dim=_int(text, "index_head_dim",
                                                                                          default=128),
-                       topk=_int(text, "index_topk"), rope_interleave=bool(text.get("indexer_rope_interleave")))
+                       topk=_int(text, "index_topk"), rope_interleave=bool(text.get("indexer_rope_interleave")),
+                       topk_freq=freq, skip_offset=offset, topk_pattern=pattern,
+                       use_index_cache=bool(text.get("use_index_cache")), shared_layers=shared)
 
 
 def _gemma4_layer_types(text: dict) -> dict:

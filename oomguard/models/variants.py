@@ -11,10 +11,13 @@ import re
 
 from oomguard.models.spec import ModelSpec
 
+# ... and what local copies append after it: a bits-and-group tag ("W4G64": AutoRound's 4-bit weights in groups of
+# 64) or a short git revision ("GLM-5.2-W4A16-55c92ae": 7 to 12 hex digits with at least one letter and one digit)
 _QUANT_SUFFIX = re.compile(
     r"(-(awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|nvfp4|mxfp4|bnb|4bit|8bit|dynamic|static|marlin|quantized|autoround"
-    r"|auto-round|unsloth|mtp|fp16|bf16|block"
-    r"|quantized\.w4a16|quantized\.w8a8|quantized\.w8a16|fp8-dynamic|fp8-static)[a-z0-9.]*)+$")
+    r"|auto-round|unsloth|mtp|fp16|bf16|block|w\d+g\d+"
+    r"|quantized\.w4a16|quantized\.w8a8|quantized\.w8a16|fp8-dynamic|fp8-static)[a-z0-9.]*"
+    r"|-(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}(?=-|$))+$")
 
 
 def base_name(model_id: str) -> str:

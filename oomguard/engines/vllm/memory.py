@@ -28,9 +28,11 @@ from oomguard.engines.vllm.offload import OffloadConfig, host_memory
 from oomguard.engines.vllm import speculative as spec_decode
 from oomguard.engines.vllm.speculative import SpeculativeConfig
 from oomguard.engines.vllm.releases import (LATE_MODEL_TYPES, VllmRelease, first_release_running,
+                                            first_release_where,
                                             first_release_with_kv_cache_dtype, release)
 from oomguard.engines.vllm.versions import Version, fmt
-from oomguard.engines.vllm.weights import Parallel, mxfp4_backend, padded_vocab, served_spec, stage_weight_bytes
+from oomguard.engines.vllm.weights import (Parallel, builds_indexer, indexer_skips_topk, mxfp4_backend, padded_vocab,
+                                           served_spec, stage_weight_bytes)
 from oomguard.errors import UsageError
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import DTYPE_BYTES, LinearAttentionSpec, MambaMixerSpec, ModelSpec, QuantSpec
@@ -351,8 +353,9 @@ def _attention_bytes_per_token(model: ModelSpec, tp: int, kv: KvElement) -> int:
 
 
 def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv: KvElement,
-              state: MambaSpec | None = None, ds_mla: bool = False) -> list[KvSpec]:
-    """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec)."""
+              state: MambaSpec | None = None, ds_mla: bool = False, version: Version | None = None) -> list[KvSpec]:
+    """One spec per layer, by the attention kind config.json gives it (each model's get_kv_cache_spec); `version`
+    decides which DSA layers have an indexer K cache (weights.builds_indexer; None: the newest release)."""
     specs: list[KvSpec] = []
     for i in layers:
         kind = model.layer_attention[i]
@@ -371,11 +374,11 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv: KvE
                 specs.append(MLAAttentionSpec(block_size, 1, FP8_DS_MLA_BYTES, 1))
             else:
                 specs.append(MLAAttentionSpec(block_size, 1, m.kv_lora_rank + m.qk_rope_head_dim, kv.bytes))
-            if model.indexer:
+            if builds_indexer(model, i, version):
                 # deepseek_v2.py DeepseekV32IndexerCache.get_kv_cache_spec: MLAAttentionSpec(head_size=index_head_dim
                 # + index_head_dim // 128 * 4, dtype=uint8): fp8 keys and one fp32 scale per 128, whatever the KV dtype
-                d = model.indexer.head_dim
-                specs.append(MLAAttentionSpec(block_size, 1, d + d // 128 * 4, 1))
+                # (registered by each Indexer: from 0.24 only in the layers computing their own top-k)
+                specs.append(_indexer_kv_spec(model, block_size))
         elif kind == "sliding":
             specs.append(SlidingWindowSpec(block_size, heads, head_dim, kv.bytes, model.sliding_window,
                                            scale_bytes=kv.scale_bytes))
@@ -387,9 +390,18 @@ def _kv_specs(model: ModelSpec, layers: range, tp: int, block_size: int, kv: KvE
     return specs
 
 
-def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv: KvElement) -> list[KvSpec]:
+def _indexer_kv_spec(model: ModelSpec, block_size: int) -> MLAAttentionSpec:
+    """DeepseekV32IndexerCache.get_kv_cache_spec: the indexer's fp8 keys and one fp32 scale per 128."""
+    d = model.indexer.head_dim
+    return MLAAttentionSpec(block_size, 1, d + d // 128 * 4, 1)
+
+
+def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv: KvElement,
+                    model: ModelSpec | None = None) -> list[KvSpec]:
     """The drafter's KV-bearing layers, registered beside the target's (gpu_model_runner.get_kv_cache_spec): EAGLE
-    heads and MTP layers shaped like the target's full attention; a draft model's own layers."""
+    heads and MTP layers shaped like the target's full attention; a draft model's own layers. A DSA model's MTP
+    layer is a decoder layer past the last one, whose indexer vLLM always builds (is_mtp_layer): its MLA latent and
+    its indexer K cache."""
     if drafter is None:
         return []
     if drafter.draft_model is not None:
@@ -397,7 +409,44 @@ def _draft_kv_specs(drafter, target: list[KvSpec], tp: int, block_size: int, kv:
         return _kv_specs(d, range(d.num_layers), tp, block_size, kv)
     full = [s for s in target if isinstance(s, (FullAttentionSpec, MLAAttentionSpec))
             and not isinstance(s, (SlidingWindowSpec, ChunkedLocalAttentionSpec))]
+    if model is not None and model.indexer is not None and drafter.mtp:
+        indexer = _indexer_kv_spec(model, block_size)
+        latent = [s for s in full if s != indexer]
+        return (latent[-1:] + [indexer]) * drafter.attention_layers if latent else []
     return full[-1:] * drafter.attention_layers if full else []
+
+
+def _vllm_shares_as_checkpoint(model: ModelSpec, rel: VllmRelease) -> bool:
+    """The release makes exactly the layers the checkpoint declares shared reuse another layer's top-k."""
+    ix = model.indexer
+    return {i for i in range(model.num_layers) if indexer_skips_topk(ix, i, rel)} == set(ix.shared_layers)
+
+
+def _check_index_sharing(model: ModelSpec, cfg: EngineConfig, rel: VllmRelease, warnings: list[str]) -> None:
+    """A checkpoint whose indexer is shared across layers (GLM-5.2's IndexShare) carries an indexer only in the layers
+    computing their own top-k. A release that reads the sharing otherwise (before 0.23: not at all without
+    use_index_cache, and with it at a fixed offset of 2; deepseek_v2.py DeepseekV2MLAAttention.__init__) would run
+    an indexer the checkpoint does not have: refused. 0.23 reads it but still builds an indexer in every layer, so an
+    unquantized checkpoint fails the loader's check that every parameter was loaded (model_loader/default_loader.py
+    DefaultModelLoader.load_weights, on for models without quantization) unless it is turned off."""
+    ix = model.indexer
+    if not _vllm_shares_as_checkpoint(model, rel):
+        since = first_release_where(lambda r: _vllm_shares_as_checkpoint(model, r))
+        advice = f"it needs vLLM {fmt(since)} or newer: pick --vllm-version {fmt(since)} or later" if since else \
+            "no modelled release does"
+        reuse = (f"index_topk_freq {ix.topk_freq}, index_skip_topk_offset "
+                 f"{2 if ix.skip_offset is None else ix.skip_offset}") if ix.topk_pattern is None else \
+            "index_topk_pattern"
+        raise UsageError(f"vLLM {fmt(rel.version)} does not run {model.model_id}'s shared sparse-attention indexer "
+                         f"({reuse}: {len(ix.shared_layers)} of {model.num_layers} layers reuse another layer's top-k "
+                         f"and carry no indexer): it would compute top-k in layers without one; {advice}")
+    if not rel.dsa_indexer_only_where_topk and model.quant is None and not cfg.quantization:
+        warnings.append(f"vLLM {fmt(rel.version)} builds an indexer in all {model.num_layers} layers, and the "
+                        f"{len(ix.shared_layers)} layers sharing another's carry none in the checkpoint: an "
+                        "unquantized checkpoint stops at load ('Following weights were not initialized from "
+                        "checkpoint: ...indexer.k_norm...') unless started with --model-loader-extra-config "
+                        f"'{{\"enable_weights_track\": false}}' (the plan assumes it is), or use vLLM "
+                        f"{fmt(first_release_where(lambda r: r.dsa_indexer_only_where_topk))} or newer")
 
 
 def validate(model: ModelSpec, cfg: EngineConfig, gpu_count: int) -> None:
@@ -456,6 +505,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                          f"vLLM {since} or newer: pick --vllm-version {since} or later")
     notes: list[str] = []
     warnings: list[str] = []
+    if model.indexer and model.indexer.shared_layers:
+        _check_index_sharing(model, cfg, rel, warnings)
     engine = engine or default_engine(gpu, rel, notes)
     unsupported = gpu_support(gpu, rel, notes, warnings)
     tp, pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
@@ -531,7 +582,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     ds_mla = model.indexer is not None and (cfg.kv_cache_dtype == "fp8_ds_mla" or (
         cfg.kv_cache_dtype.startswith("fp8") and rel.fp8_kv_becomes_ds_mla and gpu.compute_capability[0] == 9))
     if model.indexer:
-        notes.append("sparse attention (DSA): each layer also caches the indexer's fp8 keys, "
+        with_indexer = sum(builds_indexer(model, i, version) for i in range(model.num_layers))
+        which = "each layer also caches" if with_indexer == model.num_layers else \
+            f"{with_indexer} of the {model.num_layers} layers (those computing their own top-k) also cache"
+        notes.append(f"sparse attention (DSA): {which} the indexer's fp8 keys, "
                      f"{model.indexer.head_dim + model.indexer.head_dim // 128 * 4} bytes a token"
                      + (f"; the MLA latent in fp8_ds_mla, {FP8_DS_MLA_BYTES} bytes a token" if ds_mla else ""))
     block_size = cfg.block_size or default_block_size(model, gpu, version)
@@ -664,8 +718,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
-        specs = _kv_specs(model, layers, tp, block_size, kv, state, ds_mla)
-        draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv) if stage == pp - 1 else []
+        specs = _kv_specs(model, layers, tp, block_size, kv, state, ds_mla, version)
+        draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv, model) if stage == pp - 1 else []
         layout = build_layout(specs + draft_specs, hybrid_manager, rel.hybrid_groups_max_if_close)
         layouts.append(layout)
         blocks_here = num_blocks(layout, int(available))

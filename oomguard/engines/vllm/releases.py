@@ -135,6 +135,12 @@ class VllmRelease:
     dsa_indexer_rope: bool               # the indexer builds its own RoPE (a second cos/sin cache)
     dsa_indexer_rope_follows_interleave: bool  # ... NeoX-style unless indexer_rope_interleave (then the MLA one)
     dsa_index_group_buffers: bool        # each index-producing layer allocates its own top-k index workspace
+    dsa_index_share: str                 # which layers reuse an earlier layer's top-k (IndexShare / IndexCache):
+                                         # "none" (every layer computes its own), "opt_in" (index_topk_freq /
+                                         # index_topk_pattern only with use_index_cache, the offset fixed at 2),
+                                         # "config" (always, index_skip_topk_offset read, default 2)
+    dsa_indexer_only_where_topk: bool    # only layers computing their own top-k (and MTP layers) build an indexer
+                                         # (its weights and its K cache); else every layer builds one
     fp8_kv_becomes_ds_mla: bool          # --kv-cache-dtype fp8 on FlashMLA-sparse becomes fp8_ds_mla (656 B a token)
     olmo3_transformers_backend: bool     # registry.py maps Olmo3ForCausalLM to the Transformers backend (HF RoPE)
     ernie_score_bias: bool               # ernie45_moe.py: the router's e_score_correction_bias [experts]
@@ -348,6 +354,11 @@ def release(version: Version) -> VllmRelease:
         dsa_indexer_rope=_since(v, False, ((0, 12, 0), True)),            # deepseek_v2.py indexer_rope_emb
         dsa_indexer_rope_follows_interleave=_since(v, False, ((0, 30, 0), True)),  # deepseek_v32/attention.py
         dsa_index_group_buffers=_since(v, False, ((0, 33, 0), True)),     # v1/attention/backends/mla/index_group.py
+        # models/deepseek_v2.py DeepseekV2MLAAttention.__init__ "IndexCache config" (_skip_topk)
+        dsa_index_share=_since(v, "none", ((0, 21, 0), "opt_in"), ((0, 23, 0), "config")),
+        # deepseek_v2.py DeepseekV2MLAAttention.__init__ "if self.is_v32 and (not _skip_topk or is_mtp_layer)"
+        # (models/deepseek_v32/attention.py DeepseekV32Attention.__init__ from 0.29)
+        dsa_indexer_only_where_topk=_since(v, False, ((0, 24, 0), True)),
         fp8_kv_becomes_ds_mla=_since(v, False, ((0, 18, 0), True)),       # layers/attention/mla_attention.py
         olmo3_transformers_backend=_since(v, False, ((0, 30, 0), True)),  # models/registry.py
         ernie_score_bias=_since(v, False, ((0, 11, 0), True)),            # models/ernie45_moe.py Ernie4_5_MoeMoE
@@ -505,6 +516,16 @@ _PACKED_KV_CACHE_DTYPES = {"nvfp4": (0, 20, 0), "int8_per_token_head": (0, 20, 0
 
 def first_release_with_kv_cache_dtype(name: str) -> Version | None:
     return _PACKED_KV_CACHE_DTYPES.get(name)
+
+
+def first_release_where(holds) -> Version | None:
+    """The oldest modelled release for which `holds(release)` is true (for a refusal's advice)."""
+    from oomguard.engines.vllm.versions import NEWEST
+    for minor in range(OLDEST[1], NEWEST[1] + 1):
+        for patch in range(0, 10):
+            if holds(release((0, minor, patch))):
+                return (0, minor, patch)
+    return None
 
 
 def first_release_running(family: str) -> Version | None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 from oomguard.engines.vllm.releases import VllmRelease
 from oomguard.engines.vllm.versions import fmt
-from oomguard.engines.vllm.weights import Parallel, layer_bytes, padded_vocab, stage_weight_bytes
+from oomguard.engines.vllm.weights import (Parallel, builds_indexer, indexer_bytes, layer_bytes, padded_vocab,
+                                           stage_weight_bytes)
 from oomguard.errors import UsageError
 from oomguard.models.spec import ModelSpec
 
@@ -93,6 +94,7 @@ class Drafter:
     tokens: int                        # k: proposed tokens per step
     notes: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    mtp: bool = False                  # the checkpoint's own MTP layers (decoder layers past the last one)
 
 
 def check(spec: SpeculativeConfig, model: ModelSpec, rel: VllmRelease, engine: str, tp: int) -> None:
@@ -141,11 +143,15 @@ def drafter(spec: SpeculativeConfig, model: ModelSpec, rel: VllmRelease, par: Pa
         fusion = 2 * h * h * act_bytes // (tp if model.model_type.startswith("qwen") else 1) + 2 * h * act_bytes
         own_head = padded_vocab(model.vocab_size) // tp * h * act_bytes \
             if model.model_type in _OWN_HEAD_TYPES and not rel.mtp_shares_lm_head else 0
+        if model.indexer and not builds_indexer(model, last, rel.version):
+            # a DSA model's MTP layer always builds its indexer (deepseek_v2.py DeepseekV2MLAAttention.__init__
+            # is_mtp_layer), which the last decoder layer may lack (GLM-5.2's shared indexer, vLLM 0.24+)
+            one_layer += indexer_bytes(model, act_bytes, rel.version)
         weights = n * (one_layer + fusion + own_head)
         note = (f"MTP speculation: the checkpoint's {n} MTP layer(s) load too ({weights / 2**30:.2f} GiB a GPU, "
                 f"skipped without speculation) and add {n} attention layer(s) to every KV block; {k} tokens "
                 "proposed a step" + (" (layers reused)" if k > n else ""))
-        return Drafter(int(weights), n, None, k, (note,))
+        return Drafter(int(weights), n, None, k, (note,), mtp=True)
     if method in ("eagle", "eagle3"):
         # llama_eagle.py: fc ReplicatedLinear(2H -> H); llama_eagle3.py: fc over 3 auxiliary hidden states and its
         # own lm_head over a small draft vocabulary

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from oomguard.engines.vllm.platform import CUDA, Platform
-from oomguard.engines.vllm.releases import release
+from oomguard.engines.vllm.releases import VllmRelease, release
 from oomguard.engines.vllm.versions import Version
-from oomguard.models.spec import ModelSpec
+from oomguard.models.spec import IndexerSpec, ModelSpec
 from oomguard.units import cdiv
 
 VOCAB_PADDING = 64  # DEFAULT_VOCAB_PADDING_SIZE
@@ -232,7 +232,36 @@ def _minicpm3_attention_bytes(model: ModelSpec, tp: int, act_bytes: int) -> floa
     return total + _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
 
 
-def _indexer_bytes(model: ModelSpec, act_bytes: int, version: Version | None) -> float:
+def indexer_skips_topk(ix: IndexerSpec, layer: int, rel: VllmRelease | None) -> bool:
+    """Whether vLLM's decoder layer `layer` reuses an earlier layer's top-k tokens instead of computing its own
+    (models/deepseek_v2.py DeepseekV2MLAAttention.__init__, "IndexCache config"; models/deepseek_v32/attention.py
+    DeepseekV32Attention.__init__ from 0.29). `rel` None: the newest release."""
+    share = rel.dsa_index_share if rel else "config"
+    if share == "none" or (share == "opt_in" and not ix.use_index_cache):
+        return False
+    if ix.topk_pattern is not None:
+        return 0 <= layer < len(ix.topk_pattern) and ix.topk_pattern[layer] == "S"
+    # 0.21-0.22: max(layer_id - 1, 0) % index_topk_freq; 0.23+: max(layer_id - index_skip_topk_offset + 1, 0), the
+    # offset defaulting to 2
+    offset = 2 if share == "opt_in" or ix.skip_offset is None else ix.skip_offset
+    return max(layer - offset + 1, 0) % ix.topk_freq != 0
+
+
+def builds_indexer(model: ModelSpec, layer: int, version: Version | None) -> bool:
+    """Whether vLLM builds an indexer (its projections and its K cache) in decoder layer `layer`: every layer of a
+    DSA model up to 0.23; from 0.24 only the layers computing their own top-k and the MTP layers past the last
+    decoder layer ("if self.is_v32 and (not _skip_topk or is_mtp_layer)"). `version` None: the newest release."""
+    if model.indexer is None:
+        return False
+    if layer >= model.num_layers:
+        return True
+    rel = release(version) if version else None
+    if rel is not None and not rel.dsa_indexer_only_where_topk:
+        return True
+    return not indexer_skips_topk(model.indexer, layer, rel)
+
+
+def indexer_bytes(model: ModelSpec, act_bytes: int, version: Version | None) -> float:
     """One layer's sparse-attention indexer, whole on every TP rank (models/deepseek_v2.py Indexer, 0.11-0.29;
     models/deepseek_v32/attention.py DeepseekV32Indexer from 0.30)."""
     ix, h, q_rank = model.indexer, model.hidden_size, model.mla.q_lora_rank or model.hidden_size
@@ -314,8 +343,8 @@ def layer_bytes(model: ModelSpec, layer: int, par: Parallel, act_bytes: int, mxf
         total += _linear(model, "kv_b_proj", kv_b, act_bytes)
         total += kv_b * act_bytes  # W_UK_T and W_UV, absorbed copies made after loading (mla attention backends)
         total += _linear(model, "o_proj", heads * m.v_head_dim * h, act_bytes)
-        if model.indexer:
-            total += _indexer_bytes(model, act_bytes, version)
+        if builds_indexer(model, layer, version):
+            total += indexer_bytes(model, act_bytes, version)
     elif model.layer_attention[layer] == "linear":
         total += _gated_delta_net_bytes(model, tp, act_bytes)
     elif model.layer_attention[layer] == "mamba":
@@ -453,8 +482,11 @@ def stage_weight_bytes(model: ModelSpec, par: Parallel, stage: int, act_bytes: i
             # 0.33 v1/attention/backends/mla/index_group.py SparseMLAIndexGroupBuilder: each index-producing layer
             # opens a group with physical_topk_indices [rows + 1, index_topk] and valid_topk_counts [rows + 1] (int32),
             # rows = min(max_num_batched_tokens, max_num_seqs) without speculative decoding
+            # (a layer without its own indexer joins the group before it; the stage's first layer always opens one)
             rows = min(batched_tokens, batched_seqs) + 1
-            total += len(par.stage_layers(model.num_layers, stage)) * rows * (ix.topk + 1) * 4
+            here = par.stage_layers(model.num_layers, stage)
+            groups = sum(1 for i in here if i == here.start or builds_indexer(model, i, version))
+            total += groups * rows * (ix.topk + 1) * 4
         if rel is None or rel.dsa_indexer_rope:
             # 0.12+: the indexer's own get_rope (is_neox_style=True; from 0.30 `not indexer_rope_interleave`), a second
             # cos/sin cache unless it matches the MLA one (is_neox_style=False)
