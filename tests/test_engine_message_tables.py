@@ -202,6 +202,11 @@ SAMPLES = {
     # layers/attention/flash_attn.py's f-string on a V100
     "tgi.flash_attn_capability": ("ImportError: GPU with CUDA capability 7 0 is not supported for Flash Attention V2",
                                   {"major": "7", "minor": "0"}),
+    # models/__init__.py FLASH_ATT_ERROR_MESSAGE.format("Sharded Llama"); utils/weights.py Weights.get_sharded
+    "tgi.requires_flash_attention": ("NotImplementedError: Sharded Llama requires Flash Attention enabled models.",
+                                     {"what": "Sharded Llama"}),
+    "tgi.size_not_shardable": ("AssertionError: The choosen size 50432 is not compatible with sharding on 3 shards",
+                               {"size": "50432", "shards": "3"}),
 }
 
 

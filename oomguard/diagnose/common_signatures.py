@@ -266,6 +266,12 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="The server has no such route (FastAPI's own 404, not a model lookup): the client calls an "
                     "endpoint this server does not serve: another API's path, a missing /v1, or a server started "
                     "with another entry point than the client expects (trl vllm-serve vs vllm serve)."),
+    # Ollama answers 404 on its own model routes when the model is not pulled (server/routes.go ChatHandler,
+    # GenerateHandler, EmbedHandler, v0.1.48-v0.32.15); a path it does not route is Go's "404 page not found"
+    Signature("http.ollama_model_route_404", C.MODEL_ACCESS, "/api/", 0.8, "Ollama's model routes", require=True,
+              pattern=r"404[^\n]{0,60}?https?://[^\s'\"/]{1,100}/api/(?:chat|generate|embed|embeddings|show)\b(?!/)",
+              cause="Ollama answers 404 on its own /api routes when the model the request names is not pulled: pull "
+                    "it (ollama pull MODEL), or fix the name and tag the client sends."),
     Signature("http.404", C.CONNECTION, "404 not found", 0.55, "HTTP 404 (any server)",
               cause="The server answered 404: the route the client calls does not exist there (a base URL without "
                     "/v1, a doubled slash, another API's paths)."),
