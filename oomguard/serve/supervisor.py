@@ -279,7 +279,8 @@ class Supervisor:
             now = time.monotonic()
             if ok:
                 last_ok = now
-                if not ready:
+                # the user's URL is the proxy's: ready once it answers too (a loaded machine starts it after the engine)
+                if not ready and (self.proxy is None or await self._healthy(self.proxy_url + "/metrics")):
                     ready = True
                     self._on_ready(now - t0)
             elif ready and now - last_ok > cfg.hang_timeout:
