@@ -326,3 +326,51 @@ def test_ollamas_404_on_its_own_route_is_a_model_not_pulled():
     assert top("httpx.HTTPStatusError: Client error '404 Not Found' for url 'http://localhost:11434/api/chat'")[
         "class"] == "model_access"
     assert top("Error: 404 page not found")["class"] == "connection"
+
+
+# --- seventh round: texts from set k's misses, each from its source ------------------------------------------------
+
+def test_a_connect_failure_in_anyio_or_a_clients_words_is_the_connection():
+    # anyio/_core/_sockets.py connect_tcp: OSError("All connection attempts failed"), httpx's ConnectError
+    assert top('RuntimeError: API request failed: 500 - {"detail":"Error creating source: All connection attempts '
+               'failed"}')["class"] == "connection"
+    assert top("ChatOllama is unable to establish a connection with http://host.docker.internal:11434")["class"] == \
+        "connection"
+
+
+def test_xformers_without_a_kernel_for_the_inputs_is_the_dtype_or_gpu():
+    text = ("NotImplementedError: No operator found for `memory_efficient_attention_forward` with inputs:\n"
+            "     query       : shape=(1, 20394, 2, 6, 128) (torch.float32)\n"
+            "`cutlassF-pt` is not supported because:\n    dtype=torch.float32 (supported: {torch.float16, "
+            "torch.bfloat16})\n")
+    assert top(text)["class"] == "dtype_capability"
+
+
+def test_tgi_template_error_and_an_unparsed_tokenizer_config():
+    assert top('{"error": "Template error: template not found", "error_type": "template_error"}')["class"] == \
+        "tokenizer_chat_template"
+    text = ("WARN text_generation_router: router/src/main.rs:472: Unable to parse tokenizer config: invalid type: map, "
+            "expected a string at line 4 column 16\n"
+            '{"error": "Template error: template not found", "error_type": "template_error"}\n')
+    assert top(text)["class"] == "engine_bug"   # the missing template is the consequence of TGI's parser
+
+
+def test_llama_decode_statuses():
+    # llama-context.cpp: GGML_STATUS_ALLOC_FAILED is -2, GGML_STATUS_FAILED -3
+    assert top("llama_decode: failed to decode, ret = -2")["class"] == "oom_runtime"
+    assert top("Failed to send message llama_decode: failed to decode, ret = -3")["class"] == "oom_runtime"
+
+
+def test_vllm_free_memory_check_in_its_later_wording_and_a_negative_graph_estimate():
+    finding = top("ValueError: Free memory on cuda:0 (38.74/121.63 GiB) < desired utilization (0.35, 42.57 GiB)")
+    assert finding["class"] == "gpu_memory_in_use"
+    text = ("INFO [gpu_model_runner.py:6369] Estimated CUDA graph memory: -35.69 GiB total\n"
+            "INFO [gpu_worker.py:469] Available KV cache memory: 72.44 GiB\n"
+            "RuntimeError: CUDA error: out of memory\n")
+    assert top(text)["class"] == "engine_bug"
+
+
+def test_an_oom_while_waking_from_sleep_mode_is_the_gpu_shared_with_a_trainer():
+    text = ('  File "vllm/device_allocator/cumem.py", line 207, in wake_up\n    create_and_map(handle)\n'
+            "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62\n")
+    assert top(text)["class"] == "gpu_memory_in_use"

@@ -207,6 +207,10 @@ SAMPLES = {
                                      {"what": "Sharded Llama"}),
     "tgi.size_not_shardable": ("AssertionError: The choosen size 50432 is not compatible with sharding on 3 shards",
                                {"size": "50432", "shards": "3"}),
+    # router/src/main.rs: tracing::warn!("Unable to parse tokenizer config: {}", e) with serde's error
+    "tgi.tokenizer_config_unparsed": ("WARN text_generation_router: Unable to parse tokenizer config: invalid type: "
+                                      "map, expected a string at line 4 column 16",
+                                      {"reason": "invalid type: map, expected a string at line 4 column 16"}),
 }
 
 

@@ -278,8 +278,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature("http.go_404", C.CONNECTION, "404 page not found", 0.65, "Go net/http NotFound (Ollama and other Go "
               "servers)", cause="The server has no such route: check the base URL and which API the client speaks "
                                 "(OpenAI's /v1/chat/completions, Ollama's /api/chat)."),
-    Signature("client.cannot_connect", C.CONNECTION, "connect to", 0.75, "clients' own words", require=True,
-              pattern=r"(?:could ?n[o']?t|can'?t|cannot|unable to|failed to) connect to\s*(?P<target>\S*)",
+    Signature("client.cannot_connect", C.CONNECTION, "connect", 0.75, "clients' own words", require=True,
+              pattern=r"(?:could ?n[o']?t|can'?t|cannot|unable to|failed to) "
+                      r"(?:connect to|establish a connection (?:to|with))\s*(?P<target>\S*)",
               cause="The client could not reach the server {target}: it is not running, listens elsewhere, or a "
                     "container cannot see that host (host.docker.internal needs --add-host on Linux)."),
     Signature("trl.not_up", C.CONNECTION, "server is not up yet", 0.7, "trl/extras/vllm_client.py",

@@ -52,6 +52,11 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
                                              "this process"
     frames = set(event.frames)
     text = event.text.lower()
+    if "wake_up" in frames or "cumem_allocator" in text:
+        # sleep mode (device_allocator/cumem.py) releases vLLM's memory for whatever shares the GPU, a trainer in RL
+        # colocation, and maps it back on wake_up: what that tenant still holds is why it does not fit
+        return FailureClass.GPU_MEMORY_IN_USE, 0.8, "it happened while vLLM woke from sleep mode, re-mapping the " \
+                                                    "memory it had released to what shares the GPU"
     if "warming up sampler" in text or "sampler" in frames:
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.9, "it happened while warming up the sampler"
     if frames & PROFILE_FRAMES:
