@@ -124,9 +124,9 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # check) and their engines' wordings added, so it too is a read set now. collected_h.jsonl was collected by someone
 # who did not run or read the diagnoser and scored in aggregate (28/43 top-1, 33/43 top-3); its misses were then read
 # for the fifth round. collected_i.jsonl, collected the same way during that round, is scored once at its end.
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_l.jsonl")
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
-                     "collected_k.jsonl")
+                     "collected_k.jsonl", "collected_l.jsonl")
 
 
 def _read_group(record: dict) -> str | None:

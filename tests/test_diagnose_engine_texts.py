@@ -374,3 +374,28 @@ def test_an_oom_while_waking_from_sleep_mode_is_the_gpu_shared_with_a_trainer():
     text = ('  File "vllm/device_allocator/cumem.py", line 207, in wake_up\n    create_and_map(handle)\n'
             "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62\n")
     assert top(text)["class"] == "gpu_memory_in_use"
+
+
+# --- eighth round: texts from set l's misses -----------------------------------------------------------------------
+
+def test_an_extension_with_an_undefined_symbol_is_a_build_mismatch():
+    # glibc's dlerror through CPython's ImportError: vLLM's _C linked without cuBLAS, or wheels of other releases
+    assert top("ImportError: /usr/local/lib/python3.12/site-packages/vllm/_C.abi3.so: undefined symbol: "
+               "cublasGemmEx")["class"] == "engine_bug"
+
+
+def test_litellms_in_process_vllm_provider_is_the_clients_setting():
+    text = ("litellm.acompletion(model=vllm/mistralai/Mistral-7B-Instruct-v0.2) Exception VLLMException - No module "
+            "named 'vllm'\nlitellm.llms.vllm.VLLMError: No module named 'vllm'\n")
+    finding = top(text)
+    assert finding["class"] == "connection" and "hosted_vllm/" in finding["summary"] + actions(finding)
+
+
+def test_a_traceback_in_the_chat_rendering_is_the_chat_template():
+    # entrypoints/openai/serving_engine.py _preprocess_chat, renderers/base.py render_chat_async
+    text = ('Traceback (most recent call last):\n'
+            '  File "vllm/entrypoints/openai/engine/serving.py", line 995, in _preprocess_chat\n'
+            '    (conversation,), (engine_prompt,) = await renderer.render_chat_async(\n'
+            '  File "vllm/renderers/base.py", line 755, in render_chat_async\n'
+            '    for conv, prompt in await asyncio.gather(*rendered):\n')
+    assert top(text)["class"] == "tokenizer_chat_template"

@@ -387,6 +387,19 @@ SIGNATURES: tuple[Signature, ...] = (
               "CPython Python/ceval.c:import_from ('cannot import name %R from %R')",
               cause="A package imports a name the installed release of another does not have: mismatched releases "
                     "(install the versions the engine or wrapper pins)."),
+    # glibc's dynamic loader (dlerror) for a compiled extension built against other libraries than those installed
+    Signature("ld.undefined_symbol", C.ENGINE_BUG, "undefined symbol:", 0.78,
+              "glibc elf/dl-lookup.c via dlerror ('undefined symbol: %s'), raised by CPython as ImportError",
+              cause="A compiled extension (vLLM's _C, flash-attn, a CUDA kernel package) was built against other "
+                    "releases of torch, CUDA or cuBLAS than those installed, or does not link a library it calls: "
+                    "install the wheels built together (vLLM's pinned torch), or upgrade to the release that fixes "
+                    "the link."),
+    # LiteLLM's "vllm/" provider runs vLLM inside the client process (litellm/llms/vllm.py validate_environment
+    # imports it); a vLLM server is reached through "hosted_vllm/" or "openai/" with api_base
+    Signature("litellm.inprocess_vllm", C.CONNECTION, "vllmerror: no module named 'vllm'", 0.85,
+              "litellm/llms/vllm.py:validate_environment",
+              cause="LiteLLM's vllm/ provider loads vLLM inside the client instead of calling your server: use "
+                    "model='hosted_vllm/<model>' (or openai/<model>) with api_base set to the server's /v1 URL."),
     Signature("py.unexpected_kwarg", C.ENGINE_BUG, "got an unexpected keyword argument", 0.65,
               "CPython Python/ceval.c / Python/getargs.c ('%U() got an unexpected keyword argument %R')", kind="bug",
               cause="Code calls a function with an argument the installed release does not take: mismatched "

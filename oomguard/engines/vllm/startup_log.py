@@ -173,7 +173,10 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("the tokenizer or chat template", (FailureClass.TOKENIZER_CHAT_TEMPLATE, FailureClass.ENGINE_BUG), frozenset({
         "apply_chat_template", "get_tokenizer", "cached_get_tokenizer", "_apply_hf_chat_template",
-        "resolve_chat_template", "parse_chat_messages", "_tokenize_prompt_input", "init_tokenizer_from_configs"})),
+        "resolve_chat_template", "parse_chat_messages", "_tokenize_prompt_input", "init_tokenizer_from_configs",
+        # the chat request's rendering: entrypoints/openai/serving_engine.py OpenAIServing._preprocess_chat (0.6+),
+        # renderers/base.py render_chat / render_chat_async (0.2x+)
+        "_preprocess_chat", "render_chat", "render_chat_async"})),
     Stage("request validation", (FailureClass.CONTEXT_TOO_LONG, FailureClass.ENGINE_BUG), frozenset({
         "_validate_model_input", "_validate_model_inputs", "_validate_input", "_validate_prompt_len",
         "_check_max_tokens"})),
