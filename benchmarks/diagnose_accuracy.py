@@ -124,7 +124,9 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # check) and their engines' wordings added, so it too is a read set now. collected_h.jsonl was collected by someone
 # who did not run or read the diagnoser and scored in aggregate (28/43 top-1, 33/43 top-3); its misses were then read
 # for the fifth round. collected_i.jsonl, collected the same way during that round, is scored once at its end.
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl")
+# collected_j, _k and _l were each scored once unread (27/40, 23/42, 16/36 top-1) and then read for the sixth to
+# eighth rounds; collected_m.jsonl, collected the same way during the eighth, is scored once at its end.
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_m.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
                      "collected_k.jsonl", "collected_l.jsonl")
 
