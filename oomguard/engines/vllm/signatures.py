@@ -14,6 +14,11 @@ _F = r"(-?\d+(?:\.\d+)?)"
 
 C = FailureClass   # short, for the tables below
 
+# the cause of vLLM's free-memory check at startup, in every wording of it
+FREE_BELOW_REQUESTED = ("Only {free_gib} of {total_gib} GiB was free when vLLM started, less than the {requested_gib} "
+                        "GiB that gpu_memory_utilization {gpu_memory_utilization} asks for: another process holds GPU "
+                        "memory.")
+
 SIGNATURES: tuple[Signature, ...] = (
     # --- KV cache cannot hold one request of max_model_len (v1/core/kv_cache_utils.py, 0.8.5 ... 0.33) ---
     Signature(
@@ -62,24 +67,14 @@ SIGNATURES: tuple[Signature, ...] = (
         pattern=r"Free memory on device\s*(?:[\w:]+\s*)?\((?P<free_gib>[\d.]+)\s*/\s*(?P<total_gib>[\d.]+) GiB\) on "
                 r"startup is less than desired GPU memory utilization \((?P<gpu_memory_utilization>[\d.]+),\s*"
                 r"(?P<requested_gib>[\d.]+) GiB\)",
-        cause="Only {free_gib} of {total_gib} GiB was free when vLLM started, less than the {requested_gib} GiB "
-              "that gpu_memory_utilization {gpu_memory_utilization} asks for: another process holds GPU memory."),
-    # a size the profiler measured below zero: memory the engine freed inside its own measurement (a miscount; the
-    # budget it sizes the KV cache from is wrong by as much)
-    Signature("vllm.negative_graph_estimate", C.ENGINE_BUG, "estimated cuda graph memory: -", 0.8,
-              "v1/worker/gpu_model_runner.py:profile_cudagraph_memory (0.18+)",
-              pattern=r"Estimated CUDA graph memory: (?P<estimate_gib>-[\d.]+) GiB",
-              cause="vLLM estimated its CUDA-graph pool at {estimate_gib} GiB, a negative size: its profiler miscounted "
-                    "(memory freed during the estimate), and the KV cache it sized from that budget is too large by "
-                    "as much. Upgrade vLLM, or cap the KV cache with --kv-cache-memory-bytes."),
+        cause=FREE_BELOW_REQUESTED),
     # the same check as builds after 0.33 and vendor containers word it (NVIDIA's GB10 images): "Free memory on cuda:0
     # (38.74/121.63 GiB) < desired utilization (0.35, 42.57 GiB)"
     Signature("vllm.free_lt_desired", C.GPU_MEMORY_IN_USE, "< desired utilization", 0.95,
               "v1/worker/utils.py:request_memory (a later wording)",
               pattern=r"\((?P<free_gib>[\d.]+)\s*/\s*(?P<total_gib>[\d.]+) GiB\) < desired utilization "
                       r"\((?P<gpu_memory_utilization>[\d.]+),\s*(?P<requested_gib>[\d.]+) GiB\)",
-              cause="Only {free_gib} of {total_gib} GiB was free when vLLM started, less than the {requested_gib} GiB "
-                    "that gpu_memory_utilization {gpu_memory_utilization} asks for: another process holds GPU memory."),
+              cause=FREE_BELOW_REQUESTED),
     Signature("vllm.external_weights", C.GPU_MEMORY_IN_USE, "exceed the desired gpu memory utilization", 0.9,
               "v1/worker/utils.py:request_memory (0.33, externally held weights)",
               pattern=r"\((?P<external_gib>[\d.]+)\s*/\s*(?P<total_gib>[\d.]+) GiB\) exceed the desired GPU memory "
@@ -91,6 +86,14 @@ SIGNATURES: tuple[Signature, ...] = (
                       r"budget after excluding external process's weights \((?P<gpu_memory_utilization>[\d.]+),\s*"
                       r"(?P<requested_gib>[\d.]+) GiB\)",
               cause="Free memory at startup is below the engine's budget: another process holds GPU memory."),
+    # a size the profiler measured below zero: memory the engine freed inside its own measurement (a miscount; the
+    # budget it sizes the KV cache from is wrong by as much)
+    Signature("vllm.negative_graph_estimate", C.ENGINE_BUG, "estimated cuda graph memory: -", 0.8,
+              "v1/worker/gpu_model_runner.py:profile_cudagraph_memory (0.18+)",
+              pattern=r"Estimated CUDA graph memory: (?P<estimate_gib>-[\d.]+) GiB",
+              cause="vLLM estimated its CUDA-graph pool at {estimate_gib} GiB, a negative size: its profiler "
+                    "miscounted (memory freed during the estimate), and the KV cache it sized from that budget is too "
+                    "large by as much. Upgrade vLLM, or cap the KV cache with --kv-cache-memory-bytes."),
     Signature("vllm.profiling_inconsistent", C.GPU_MEMORY_IN_USE, "error in memory profiling", 0.93,
               "v1/worker/gpu_worker.py / worker/worker.py:determine_available_memory (all versions)",
               pattern=r"Initial (?:free|used) memory (?P<initial_gib>[\d.e+]+)(?: GiB)?, current(?:ly)? "
