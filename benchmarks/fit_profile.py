@@ -109,20 +109,26 @@ def _gpu(r: dict):
         return None
 
 
-def fusion_workspace(r: dict, version, tp: int, pp: int, gpu, graphs: bool) -> int | None:
-    """FlashInfer's fusion workspace in a record's non-torch figure, computed from source (None: it depends on a model
-    the catalog lacks)."""
-    if tp <= 1 or gpu is None or gpu.interconnect != "nvlink":
-        return 0
+def _planned(r: dict):
+    """(model, GPU, the planner's report) for a record, or None where the catalog lacks its model or GPU."""
     try:
-        model, _, cfg, _, _, _ = record_inputs(r)
-        report = predict(model, gpu, cfg, version, gpu_count=tp * pp)
+        model, gpu, cfg, version, gpus, engine = record_inputs(r)
+        return model, gpu, predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine)
     except (LookupError, UsageError):
         return None
+
+
+def fusion_workspace(planned, version, tp: int, pp: int, gpu, graphs: bool) -> int | None:
+    """FlashInfer's fusion workspace in a record's non-torch figure, computed from source (None: it depends on a model
+    the catalog lacks)."""
+    if tp <= 1 or gpu is None or gpu.interconnect != "nvlink":   # no workspace: no model needed
+        return 0
+    if planned is None:
+        return None
+    model, _, report = planned
     c = report.config
     return profile.allreduce_fusion_workspace_bytes(version, tp, pp, model.hidden_size, DTYPE_BYTES[c["dtype"]],
-                                                    c["max_num_batched_tokens"], gpu.compute_capability,
-                                                    gpu.nvlink_multicast, graphs)
+                                                    c["max_num_batched_tokens"], gpu, graphs)
 
 
 def observations(records: list[dict]) -> list[Observation]:
@@ -137,8 +143,9 @@ def observations(records: list[dict]) -> list[Observation]:
         gpu = _gpu(r)
         link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
         graphs = not r.get("enforce_eager") and not (gpu and platform_of(gpu).rocm)
+        planned = _planned(r)
         if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # layout, version, GPU (and the fusion workspace)
-            workspace = fusion_workspace(r, version, tp, pp, gpu, graphs)
+            workspace = fusion_workspace(planned, version, tp, pp, gpu, graphs)
             if workspace is not None:
                 names = GROUPS["non_torch"][1]
                 obs.append(Observation(r["id"], "non_torch", r["non_torch_gib"], (linearize(
@@ -152,13 +159,9 @@ def observations(records: list[dict]) -> list[Observation]:
             used = r["gpu_total_memory_gib"] - r["gpu_free_at_start_gib"]
             obs.append(Observation(r["id"], "start_used", used, (linearize(
                 lambda c: profile.start_used_bytes(engine, version, tp * pp, c, link), names),)))
-        if engine != "v1":  # the activation and graph shapes are V1's (sampler dummy run, graph pool)
+        if engine != "v1" or planned is None:  # the activation and graph shapes are V1's (sampler run, graph pool)
             continue
-        try:
-            model, gpu, cfg, version, gpus, engine = record_inputs(r)
-            report = predict(model, gpu, cfg, version, gpu_count=gpus, engine=engine)
-        except (LookupError, UsageError):
-            continue
+        model, gpu, report = planned
         c = report.config
         stage = min(logged_stage(r), pp - 1)
         layers = report.workers[stage].layers

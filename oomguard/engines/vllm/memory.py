@@ -682,9 +682,8 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             activation = int(encoder.activation_peak(activation))
             held = encoder.held_bytes
         compiled = not cfg.enforce_eager and not platform.rocm
-        workspace = profile.allreduce_fusion_workspace_bytes(
-            version, tp, pp, model.hidden_size, act_bytes, tokens, gpu.compute_capability, gpu.nvlink_multicast,
-            compiled) if gpu.interconnect == "nvlink" else 0
+        workspace = profile.allreduce_fusion_workspace_bytes(version, tp, pp, model.hidden_size, act_bytes, tokens,
+                                                             gpu, compiled)
         non_torch = profile.non_torch_bytes(engine, version, tp, pp, coefficients, gpu.interconnect,
                                             gpu.compute_capability, graphs=compiled and graph_estimate_runs,
                                             fusion_workspace=workspace)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
+from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
 from oomguard.units import GiB
 
@@ -40,6 +41,7 @@ TRITON_BYTES_PER_SM_LOGIT = 4  # topk_topp_triton.py keeps one fp32 row of the v
 FUSION_MAX_MIB = {9: {2: 64, 4: 2, 8: 0.5}, 10: {2: 64, 4: 32, 8: 1}}
 MULTICAST_PAGE = 512 * 2**20   # cuMulticastGetGranularity(RECOMMENDED) on NVSwitch Hopper/Blackwell, NCCL's choice too
 ALLOCATION_PAGE = 2 * 2**20    # cuMemGetAllocationGranularity(RECOMMENDED) for device memory
+LAMPORT_COMM_MAX = 2**31 - ALLOCATION_PAGE   # flashinfer/comm/trtllm_ar.py MAX_COMM_SIZE
 CUSTOM_ALL_REDUCE_GIB = 18 / 1024   # custom_all_reduce.py: two cudaMalloc'd 8 MiB buffers (meta, data), 10 + 8 MiB
 PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
                                # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
@@ -191,24 +193,23 @@ def activation_peak_bytes(model: ModelSpec, tokens: int, num_reqs: int, vocab: i
 
 
 def allreduce_fusion_workspace_bytes(version: Version, tp: int, pp: int, hidden: int, act_bytes: int,
-                                     max_num_batched_tokens: int, compute_capability: tuple[int, int],
-                                     multicast: bool, graphs: bool = True) -> int:
+                                     max_num_batched_tokens: int, gpu: GpuSpec, graphs: bool = True) -> int:
     """Device memory of FlashInfer's all-reduce fusion workspace, which vLLM's first compiled forward (the profile run,
     inside the memory-profiling window) creates: allreduce_rms_fusion.py sizes it for min(max size / (hidden x dtype),
     max_num_batched_tokens) tokens, and flashinfer/comm/trtllm_ar.py allocates three buffers for them: the
     all-reduce buffer (tp x tokens x hidden x 2 bytes), the barrier flags (tp x 256 x 4) and three Lamport buffers.
     The FlashInfer of 0.17-0.21 rounds each up to a multicast page (3 x 512 MiB on NVSwitch H100s) and fails, leaving
-    the fusion off, where the GPUs cannot multicast; later ones allocate what the buffers need."""
+    the fusion off, where the GPUs cannot multicast; later ones allocate what the buffers need. None over PCIe."""
     rel = release(version)
-    sizes = FUSION_MAX_MIB.get(compute_capability[0], {}) if compute_capability[0] in (9, 10) else {}
-    if tp <= 1 or not graphs or not rel.flashinfer_allreduce_fusion or tp not in sizes or \
-            (rel.allreduce_fusion_single_dp_pp and pp > 1):
+    sizes = FUSION_MAX_MIB.get(gpu.compute_capability[0], {})
+    if tp <= 1 or not graphs or gpu.interconnect != "nvlink" or not rel.flashinfer_allreduce_fusion or \
+            tp not in sizes or (rel.allreduce_fusion_single_dp_pp and pp > 1):
         return 0
     tokens = min(int(sizes[tp] * 2**20) // (hidden * act_bytes), max_num_batched_tokens)
     comm = tp * tokens * hidden * 2
-    buffers = (comm, tp * 256 * 4, 3 * min(comm, 2**31 - ALLOCATION_PAGE))
+    buffers = (comm, tp * 256 * 4, 3 * min(comm, LAMPORT_COMM_MAX))
     if rel.allreduce_fusion_multicast_pages:
-        if not multicast:
+        if not gpu.nvlink_multicast:
             return 0
         return sum(-(-(_pages(b) + ALLOCATION_PAGE) // MULTICAST_PAGE) * MULTICAST_PAGE for b in buffers)
     return sum(_pages(b + 2048) for b in buffers)   # each with a 2 KiB signal pad
@@ -245,12 +246,11 @@ def non_torch_bytes(engine: str, version: Version, tp: int, pp: int, c: ProfileC
             # custom all-reduce's buffers (parallel_state.initialize_model_parallel, custom_all_reduce.py)
             communicator = c.non_torch_tp_gib - c.non_torch_single_early_gib
             gib += communicator * (2 if rel.ep_group_for_every_model else 1) + CUSTOM_ALL_REDUCE_GIB
-        return int(gib * GiB) + fusion_workspace
     elif pp > 1:
         gib = c.non_torch_pp_only_gib
     else:
         gib = single
-    return int(gib * GiB)
+    return int(gib * GiB) + fusion_workspace
 
 
 def start_used_bytes(engine: str, version: tuple[int, int, int], world_size: int,
