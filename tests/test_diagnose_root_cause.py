@@ -101,3 +101,14 @@ def test_weights_that_fit_leave_the_same_oom_to_the_other_evidence():
     top = diagnose_text(text, use_planner=False).findings[0]
     assert top.cls != C.OOM_WEIGHTS_LOAD
     assert top.numbers["planned_weights_gib"] < 10
+
+
+def test_a_log_without_the_gpus_memory_is_placed_by_the_total_of_the_gpu_given():
+    # `diagnose --gpu h100`: the catalog's total stands in for the one the OOM message did not print
+    text = _ENGINE_LINE.format(model="meta-llama/Llama-4-Scout-17B-16E-Instruct") + \
+        "(VllmWorker rank=1 pid=254) ERROR 05-02 10:13:40 [multiproc_executor.py:435] torch.OutOfMemoryError: CUDA " \
+        "out of memory. Tried to allocate 1.25 GiB.\n"
+    top = diagnose_text(text, use_planner=False, given={"gpu_name": "NVIDIA H100 80GB HBM3"}).findings[0]
+    assert top.cls == C.OOM_WEIGHTS_LOAD
+    assert 75 < top.numbers["total_gib"] < 81
+    assert diagnose_text(text, use_planner=False).findings[0].cls != C.OOM_WEIGHTS_LOAD   # no total: not placed so

@@ -31,7 +31,7 @@ MIN_SCORE = 0.3
 
 # -- out-of-memory placement -----------------------------------------------------------------------------------
 def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: frozenset = frozenset(),
-              restarted: bool = False, planned_weights_gib: float | None = None) -> tuple[str, float, str]:
+              restarted: bool = False, planned_weights: tuple[float, float] | None = None) -> tuple[str, float, str]:
     """(class, confidence, why) for one out-of-memory error: other processes first, then traceback frames, then
     whether the planner's weights for the model the log names fit the GPU at all, then the startup phase the run
     stopped in (logs of several processes interleave, so the phase printed after the error counts too), then the
@@ -64,11 +64,12 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
         return FailureClass.OOM_WEIGHTS_LOAD, 0.88, "the traceback is in model loading"
-    if total and planned_weights_gib and planned_weights_gib >= total:
+    if planned_weights and planned_weights[0] >= planned_weights[1]:
         # the weights alone overflow the GPU: loading cannot finish, whatever phase the log stopped in
+        weights, gpu_total = planned_weights
         tp = facts.get("tensor_parallel_size") or 1
-        return FailureClass.OOM_WEIGHTS_LOAD, 0.86, f"{facts.get('model')} needs about {planned_weights_gib:.1f} " \
-            f"GiB of weights per GPU at tensor parallel size {tp}, more than the {total:.1f} GiB GPU holds"
+        return FailureClass.OOM_WEIGHTS_LOAD, 0.86, f"{facts.get('model')} needs about {weights:.1f} GiB of weights " \
+            f"per GPU at tensor parallel size {tp}, more than the {gpu_total:.1f} GiB GPU holds"
     logged_by = _SERVING_LOGGER.search(event.text)
     if logged_by:   # vLLM's log prefix names the module that logged the error: a request handler
         return FailureClass.OOM_RUNTIME, 0.82, f"vLLM's request handler ({logged_by.group(1)}) logged it: it happened " \
@@ -159,11 +160,14 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     oom_class, oom_conf, oom_why, oom_numbers, oom_evidence = None, 0.0, "", {}, []
     if scanner.ooms:
         first = scanner.ooms[0]
-        planned = planned_weights_gib(facts, _gpu_total_gib(first, facts))
+        gpu_total = _gpu_total_gib(first, facts)
+        planned = planned_weights_gib(facts, gpu_total)
         oom_class, oom_conf, oom_why = place_oom(first, facts, scanner.phase, frozenset(scanner.phase_hints),
-                                                 "restart" in scanner.phase_seen, planned)
+                                                 "restart" in scanner.phase_seen,
+                                                 (planned, gpu_total) if planned else None)
         if planned:
             oom_numbers["planned_weights_gib"] = round(planned, 2)
+            oom_numbers.setdefault("total_gib", round(gpu_total, 2))   # a total read from the GPU the log names
         for event in scanner.ooms:
             for key, value in event.numbers.items():
                 oom_numbers.setdefault(key, value)
