@@ -205,8 +205,14 @@ def test_an_internal_crash_is_called_an_engine_bug():
     assert "not your configuration" in finding.summary
 
 
-def test_unknown_error_is_reported_as_unknown_with_the_error_lines():
+def test_an_exception_no_check_raises_is_read_as_an_internal_error():
     finding, _ = top("Traceback (most recent call last):\nZeroDivisionError: something odd")
+    assert finding.cls == "engine_bug" and finding.confidence <= 0.3
+    assert "ZeroDivisionError: something odd" in [e.text for e in finding.evidence]
+
+
+def test_unknown_error_is_reported_as_unknown_with_the_error_lines():
+    finding, _ = top("ERROR 10-08 11:59:00 [server.py:12] something odd happened to the frobnicator")
     assert finding.cls == "unknown" and finding.evidence
 
 
@@ -305,7 +311,7 @@ CLASS_TEXTS = {
                     "https://huggingface.co/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json.",
     "engine_bug": "Traceback (most recent call last):\n  File \"/x/vllm/v1/core/sched/scheduler.py\", line 3, in "
                   "schedule\nAssertionError: this should never happen",
-    "unknown": "Traceback (most recent call last):\nKeyError: 'frobnicate'",
+    "unknown": "ERROR 10-08 11:59:00 [server.py:12] the frobnicator failed",
 }
 
 

@@ -82,7 +82,7 @@ def test_a_release_contrast_alone_beside_an_unknown_error_names_the_engine():
 def test_working_with_a_flag_is_not_a_release_contrast():
     ranked = _ranked("torch.OutOfMemoryError: CUDA out of memory.\nIt works with --enforce-eager.")
     assert C.ENGINE_BUG not in ranked[:1]
-    text = "RuntimeError: the server stopped answering\nIt works with --enforce-eager."
+    text = "ERROR the server stopped answering\nIt works with --enforce-eager."
     assert _top(text)["class"] != C.ENGINE_BUG
 
 

@@ -399,3 +399,23 @@ def test_a_traceback_in_the_chat_rendering_is_the_chat_template():
             '  File "vllm/renderers/base.py", line 755, in render_chat_async\n'
             '    for conv, prompt in await asyncio.gather(*rendered):\n')
     assert top(text)["class"] == "tokenizer_chat_template"
+
+
+# --- ninth round: texts from set m's misses, each from its source ----------------------------------------------------
+
+def test_a_401_from_the_server_is_its_api_key_not_the_network():
+    # vLLM's api-key middleware (entrypoints/openai/server_utils.py) answers 401, uvicorn logs it
+    finding = top('(APIServer pid=39) INFO:     127.0.0.1:46686 - "POST /v1/chat/completions HTTP/1.1" 401 '
+                  'Unauthorized')
+    assert finding["class"] == "connection"
+    actions = " ".join(f.get("action") or "" for f in finding["fixes"])
+    assert "Authorization: Bearer" in actions and "/health" not in actions   # the server answered: no waiting for it
+    # a 401 from the Hugging Face hub stays a model-access failure
+    assert top("requests.exceptions.HTTPError: 401 Client Error: Unauthorized for url: "
+               "https://huggingface.co/api/models/meta-llama/Llama-3.1-8B")["class"] == "model_access"
+
+
+def test_nodes_econnrefused_is_the_connection_with_the_bind_address():
+    finding = top("llama:streaming - could not stream chat. Error: connect ECONNREFUSED 172.17.0.1:11434")
+    assert finding["class"] == "connection"
+    assert any("0.0.0.0" in (f.get("action") or "") for f in finding["fixes"])

@@ -197,6 +197,19 @@ SIGNATURES: tuple[Signature, ...] = (
                     "host/port."),
     Signature("http.errno111", C.CONNECTION, "errno 111", 0.85, "ECONNREFUSED",
               cause="Nothing was listening at the address: the server was down, still starting, or elsewhere."),
+    # Node's net error (lib/internal/errors.js: "connect ECONNREFUSED host:port"): web UIs and JS clients
+    Signature("node.econnrefused", C.CONNECTION, "econnrefused", 0.85, "Node.js net (uvException)",
+              cause="Nothing was listening at the address: the server was down, still starting, or listens on "
+                    "another interface (a server bound to 127.0.0.1 is not reachable from a container's bridge "
+                    "address: bind it to 0.0.0.0, e.g. OLLAMA_HOST=0.0.0.0)."),
+    # the server's own refusal of a request without the key: vLLM's api-key middleware answers
+    # {"error": "Unauthorized"} with 401 (entrypoints/openai/api_server.py, later server_utils.py), logged by uvicorn
+    Signature("http.server_401", C.CONNECTION, "401 unauthorized", 0.8, "uvicorn access log of an OpenAI-compatible "
+              "server (vLLM's --api-key / VLLM_API_KEY)", require=True,
+              pattern=r'"(?:GET|POST) /v1/[^"\s]{1,200} HTTP/[\d.]{1,3}" 401 Unauthorized',
+              cause="The server requires an API key (vLLM's --api-key, or VLLM_API_KEY in its environment) and the "
+                    "request sent none or another: send 'Authorization: Bearer <key>', or unset the key on the "
+                    "server."),
     Signature("openai.conn", C.CONNECTION, "apiconnectionerror", 0.85, "openai/_exceptions.py",
               cause="The OpenAI client could not reach the server."),
     Signature("openai.timeout", C.CONNECTION, "apitimeouterror", 0.82, "openai/_exceptions.py",

@@ -285,6 +285,16 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                         Fix("a crash inside the engine is often fixed upstream",
                             action="try the latest release of the engine")],
                        notes=[f"inferred from the traceback's frames ({', '.join(scanner.frames[-3:])})"])
+    if stage is None and scanner.exception_line and not cut:
+        # the engines' user-facing checks (memory, configuration, access) raise known messages; an exception none
+        # of them raises is most often the engine's (or a library's) own defect
+        return Finding(FailureClass.ENGINE_BUG, 0.3,
+                       "The text ends in an exception that none of the known configuration, memory or access "
+                       "checks raises; an internal error of the engine or a library it calls is the likeliest "
+                       "reading.", evidence,
+                       [Fix("a crash inside the engine is often fixed upstream",
+                            action="try the latest release of the engine, and search its issues for the exception")],
+                       notes=["inferred from an exception with no known message"])
     if stage is None:
         return Finding(FailureClass.UNKNOWN, 0.2, f"No known failure message matched, and the text lacks {missing}.",
                        evidence,

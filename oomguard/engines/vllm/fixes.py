@@ -401,6 +401,17 @@ def connection(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
     if "openai.api_key" in ids:
         fixes.append(Fix("the OpenAI client insists on a key; any string works unless --api-key is set",
                          action='OpenAI(base_url="http://HOST:PORT/v1", api_key="EMPTY")'))
+    if ids & {"http.server_401", "openai.auth"}:   # the server answered: reaching it is not the problem
+        fixes.append(Fix("the server checks a key (--api-key or VLLM_API_KEY set where it runs)",
+                         action='send it: OpenAI(base_url="http://HOST:PORT/v1", api_key="<the server\'s key>") or '
+                                '-H "Authorization: Bearer <key>"'))
+        fixes.append(Fix("a key exported in a shell profile is easy to miss", action="run `env | grep VLLM_API_KEY` "
+                                                                                     "where the server starts, and "
+                                                                                     "unset it if unintended"))
+        return _cause(hits, n, "The server refused the request's API key."), fixes
+    if "node.econnrefused" in ids:
+        fixes.append(Fix("a server bound to 127.0.0.1 is unreachable from a container or another host",
+                         action="bind it to 0.0.0.0 (vllm serve --host 0.0.0.0; OLLAMA_HOST=0.0.0.0)"))
     fixes.append(Fix("the port opens only after weights load, memory is profiled and graphs are captured",
                      action="wait until `curl -sf http://HOST:PORT/health` returns 200 before sending requests"))
     fixes.append(Fix("a crashed engine also shows up as refused or dropped connections",
