@@ -208,6 +208,7 @@ def test_an_internal_crash_is_called_an_engine_bug():
 def test_an_exception_no_check_raises_is_read_as_an_internal_error():
     finding, _ = top("Traceback (most recent call last):\nZeroDivisionError: something odd")
     assert finding.cls == "engine_bug" and finding.confidence <= 0.3
+    assert finding.alternatives[0]["class"] == "unknown"   # a reading, not a recognised message
     assert "ZeroDivisionError: something odd" in [e.text for e in finding.evidence]
 
 

@@ -294,7 +294,9 @@ def _from_stage(scanner: Scanner, stage) -> Finding:
                        "reading.", evidence,
                        [Fix("a crash inside the engine is often fixed upstream",
                             action="try the latest release of the engine, and search its issues for the exception")],
-                       notes=["inferred from an exception with no known message"])
+                       notes=["inferred from an exception with no known message"],
+                       alternatives=[{"class": FailureClass.UNKNOWN, "confidence": 0.2,
+                                      "why": "no known message matched: the cause may be one oomguard does not know"}])
     if stage is None:
         return Finding(FailureClass.UNKNOWN, 0.2, f"No known failure message matched, and the text lacks {missing}.",
                        evidence,
