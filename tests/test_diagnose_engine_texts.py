@@ -419,3 +419,11 @@ def test_nodes_econnrefused_is_the_connection_with_the_bind_address():
     finding = top("llama:streaming - could not stream chat. Error: connect ECONNREFUSED 172.17.0.1:11434")
     assert finding["class"] == "connection"
     assert any("0.0.0.0" in (f.get("action") or "") for f in finding["fixes"])
+
+
+def test_a_model_that_needs_a_newer_ollama_is_the_engines_age():
+    # the registry's 412, relayed by Ollama's pull (server/images.go PullModel)
+    finding = top("pull model manifest: 412: The model you are attempting to pull requires a newer version of "
+                  "Ollama. Please download the latest version at: https://ollama.com/download")
+    assert finding["class"] == "engine_bug"
+    assert "upgrade Ollama" in actions(finding)

@@ -24,6 +24,10 @@ def build(cls: FailureClass, n: dict, facts: dict, hits: Hits | None, why: str =
         FailureClass.MODEL_ACCESS: [
             Fix("the model must be in the local store under that name", action="ollama pull MODEL (check the tag "
                                                                                "with ollama list)")],
+        FailureClass.ENGINE_BUG: [
+            Fix("a newer Ollama knows newer models and carries the runner's fixes",
+                action="upgrade Ollama (curl -fsSL https://ollama.com/install.sh | sh, or the desktop app's update)"),
+            Fix("the server log names the cause", action="read `journalctl -u ollama` or ~/.ollama/logs/server.log")],
         FailureClass.CONNECTION: [
             Fix("the client must reach the server", action="start `ollama serve`; from a container use "
                                                            "host.docker.internal or OLLAMA_HOST=0.0.0.0")],
