@@ -6,6 +6,7 @@ from oomguard.diagnose import diagnose_text
 from oomguard.diagnose.rules import GENERIC_SYMPTOMS
 from oomguard.diagnose.common_signatures import SIGNATURES
 from oomguard.failures import FailureClass as C
+from oomguard.models.resolve import stated_parameters
 
 
 def _classes(text: str) -> list[str]:
@@ -94,6 +95,25 @@ def test_weights_larger_than_the_gpu_place_a_bare_oom_at_weight_loading_with_the
     assert 95 < top.numbers["planned_weights_gib"] < 110
     tp = next(f for f in top.fixes if f.flag == "--tensor-parallel-size")
     assert tp.value == 4 and top.numbers["planned_weights_gib"] * 2 / tp.value <= 0.8 * 93.02
+
+
+def test_a_model_the_planner_cannot_read_is_sized_by_the_parameters_its_name_states():
+    # "baichuan13b": 13 billion parameters in float16 are ~23 GiB even at the name's low end, past a 22.06 GiB A10
+    text = _ENGINE_LINE.format(model="./baichuan13b_new").replace("tensor_parallel_size=2", "tensor_parallel_size=1") \
+        + "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 134.00 MiB (GPU 0; 22.06 GiB total " \
+          "capacity; 21.64 GiB already allocated; 14.38 MiB free; 21.65 GiB reserved in total by PyTorch)\n"
+    top = diagnose_text(text, use_planner=False).findings[0]
+    assert top.cls == C.OOM_WEIGHTS_LOAD and 22.06 < top.numbers["planned_weights_gib"] < 24.3
+    # a 4-bit copy the name announces is a quarter of that: it fits, so the weights do not place the error
+    text = text.replace("./baichuan13b_new", "./baichuan13b-awq")
+    assert diagnose_text(text, use_planner=False).findings[0].numbers["planned_weights_gib"] < 8
+
+
+def test_the_parameters_a_name_states():
+    assert stated_parameters("./baichuan13b_new") == 13e9
+    assert stated_parameters("Qwen/Qwen3-30B-A3B") == 30e9 and stated_parameters("Qwen2.5-0.5B-Instruct") == 0.5e9
+    assert 44e9 < stated_parameters("mistralai/Mixtral-8x7B-Instruct-v0.1") < 49e9   # experts share attention
+    assert stated_parameters("deepseek-ai/DeepSeek-V3") is None and stated_parameters("microsoft/phi-2") is None
 
 
 def test_weights_that_fit_leave_the_same_oom_to_the_other_evidence():

@@ -13,6 +13,7 @@ import shlex
 
 from oomguard.diagnose.model import Finding, Fix
 from oomguard.failures import FailureClass
+from oomguard.models.resolve import quant_from_name, stated_parameters
 
 # facts measured in the log -> the planner's to_dict() key, and the tolerance before we call it a difference
 _COMPARE = (("weights_gib", "weights_gib", 0.05), ("activation_peak_gib", "activation_peak_gib", 0.25),
@@ -120,7 +121,17 @@ def planned_weights_gib(facts: Mapping, total_gib: float | None) -> float | None
         except Exception:   # a model the planner cannot read: the text alone places the error
             continue
         return report.first.weights_bytes / 2**30
-    return None
+    return _weights_from_name(str(model), flags, world)
+
+
+def _weights_from_name(model: str, flags: dict, world: int) -> float | None:
+    """A model the planner cannot read whose name states its size ("baichuan-13b"): the weights at the low end of
+    what that rounded size allows (5% fewer parameters), at the precision its name, --quantization or --dtype gives."""
+    params, quant = stated_parameters(model), quant_from_name(model)
+    if not params or (flags.get("quantization") and not quant):   # a quantization the name does not say: unknown
+        return None
+    per = quant.bytes_per_param() if quant else 4 if flags.get("dtype") in ("float32", "float") else 2
+    return 0.95 * params * per / world / 2**30
 
 
 def advise(finding: Finding, facts: Mapping, command: dict | None = None, use_planner: bool = True) -> dict:

@@ -45,6 +45,21 @@ def quant_from_name(model_id: str) -> QuantSpec | None:
     return quant
 
 
+# the parameter count a name states: "Baichuan-13B", "baichuan13b", "Qwen3-30B-A3B" (total first), "Mixtral-8x7B"
+_STATED_SIZE = re.compile(r"(?:^|[-_.]|(?<=[a-z]))(?:(?P<experts>\d{1,3})x)?(?P<size>\d{1,4}(?:\.\d{1,2})?)b(?=$|[-_.])")
+
+
+def stated_parameters(model_id: str) -> float | None:
+    """Parameters as the model's name states them (a rounded figure: "13B" may be 12.5-13.5 billion); None when the
+    name states none. Experts x size names ("8x7B") share attention and embeddings, so they hold ~83% of the product
+    (Mixtral-8x7B: 46.7B, 8x22B: 141B)."""
+    match = _STATED_SIZE.search(model_id.strip().rsplit("/", 1)[-1].lower())
+    if not match:
+        return None
+    size = float(match.group("size")) * 1e9
+    return size * int(match.group("experts")) * 0.83 if match.group("experts") else size
+
+
 _TUNE_SUFFIX = re.compile(r"-(?:instruct|it|chat|base|hf)$")
 
 
