@@ -141,8 +141,10 @@ def observations(records: list[dict]) -> list[Observation]:
         version, engine = ve
         tp, pp = r.get("tensor_parallel_size") or 1, r.get("pipeline_parallel_size") or 1
         gpu = _gpu(r)
+        if gpu and platform_of(gpu).rocm:   # these coefficients are CUDA's; ROCm's own fit is fit_rocm.py
+            continue
         link, cc = (gpu.interconnect, gpu.compute_capability) if gpu else ("nvlink", (9, 0))
-        graphs = not r.get("enforce_eager") and not (gpu and platform_of(gpu).rocm)
+        graphs = not r.get("enforce_eager")
         planned = _planned(r)
         if r.get("non_torch_gib") is not None and (gpu or tp == 1):  # layout, version, GPU (and the fusion workspace)
             workspace = fusion_workspace(planned, version, tp, pp, gpu, graphs)

@@ -417,3 +417,16 @@ def test_model_runner_v2_warms_up_a_lean_sampler_and_estimates_no_graphs_before_
     assert v2.first.cuda_graph_estimate_bytes == 0 and v1.first.cuda_graph_estimate_bytes > 0
     assert v2.first.non_torch_bytes < v1.first.non_torch_bytes   # no graph captured in the profiling window
     assert run(version=(0, 29, 0), **qwen).first.cuda_graph_estimate_bytes > 0
+
+
+@pytest.mark.parametrize("gpu, model, chunked", [
+    ("h100", LLAMA, True),                                    # CUDA, full attention: chunked at 2048 tokens
+    ("mi300x", LLAMA, False),                                 # ROCm: never on by itself
+    ("h100", "mistralai/Mistral-7B-Instruct-v0.1", False),    # a sliding window keeps it off
+])
+def test_v0_turns_chunked_prefill_on_for_long_contexts_only_where_its_source_does(gpu, model, chunked):
+    # engine/arg_utils.py (create_engine_config in 0.6-0.7, _set_default_args_v0 from 0.8): past 32K tokens V0
+    # chunks the prefill by itself on CUDA only, without a sliding window, LoRA or speculative decoding; otherwise
+    # the profile run batches the whole context
+    r = predict(from_catalog(model), resolve_gpu(gpu), EngineConfig(max_model_len=32769), (0, 8, 5), engine="v0")
+    assert r.config["max_num_batched_tokens"] == (2048 if chunked else 32769)

@@ -103,3 +103,11 @@ def test_a_revision_suffix_needs_letters_and_digits():
     assert base_name("someone/GLM-5.2-W4A16-55c92ae") == "glm-5.2"
     assert base_name("someone/model-deadbee") == "model-deadbee"      # all letters: a word, not a revision
     assert base_name("someone/model-20250514") == "model-20250514"    # all digits: a date
+
+
+def test_a_snapshot_in_the_hugging_face_cache_is_its_repository():
+    # vLLM pointed at huggingface_hub's cache layout (models--ORG--NAME/snapshots/REV), as logs show it
+    model = load_model("/models/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/main")
+    assert model.model_id == "meta-llama/Llama-3.1-8B-Instruct"
+    quantized = load_model("~/.cache/huggingface/hub/models--someone--Qwen2.5-7B-Instruct-AWQ/snapshots/0a1b2c3")
+    assert quantized.resolved_from == "Qwen/Qwen2.5-7B-Instruct" and quantized.quant.method == "awq"

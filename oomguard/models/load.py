@@ -16,6 +16,7 @@ from pathlib import Path
 
 from oomguard.errors import UsageError
 from oomguard.models.spec import ModelSpec, parse_config
+from oomguard.models.variants import repo_id
 
 
 def _catalog_dir():
@@ -35,7 +36,7 @@ def catalog_ids() -> dict[str, str]:
 
 
 def catalog_entry(model_id: str) -> dict | None:
-    name = catalog_ids().get(model_id.strip().lower())
+    name = catalog_ids().get(repo_id(model_id).strip().lower())
     if name is None:
         return None
     return json.loads((_catalog_dir() / name).read_text())

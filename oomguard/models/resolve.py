@@ -12,7 +12,7 @@ import re
 from dataclasses import replace
 
 from oomguard.models.spec import ModelSpec, QuantSpec
-from oomguard.models.variants import base_name
+from oomguard.models.variants import base_name, repo_id
 
 # name suffix (lower case) -> how such checkpoints store their linear weights, most specific first; lm_head and
 # embeddings stay in 16 bits in all of them (AutoAWQ, AutoGPTQ, llm-compressor, ModelOpt, bitsandbytes defaults)
@@ -36,7 +36,7 @@ _NAME_QUANTS: tuple[tuple[str, QuantSpec], ...] = (
 
 
 def quant_from_name(model_id: str) -> QuantSpec | None:
-    name, base = re.sub(r"[\s_]+", "-", model_id.strip().rsplit("/", 1)[-1].lower()), base_name(model_id)
+    name, base = re.sub(r"[\s_]+", "-", repo_id(model_id).strip().rsplit("/", 1)[-1].lower()), base_name(model_id)
     suffix = name[len(base):] if name.startswith(base) else name
     quant = next((q for pattern, q in _NAME_QUANTS if re.search(pattern, suffix)), None)
     tag = re.search(r"-w(\d+)g(\d+)(?=-|$)", suffix)   # "W4G64": 4-bit weights in groups of 64 (AutoRound's names)
@@ -53,7 +53,7 @@ def stated_parameters(model_id: str) -> float | None:
     """Parameters as the model's name states them (a rounded figure: "13B" may be 12.5-13.5 billion); None when the
     name states none. Experts x size names ("8x7B") share attention and embeddings, so they hold ~83% of the product
     (Mixtral-8x7B: 46.7B, 8x22B: 141B)."""
-    match = _STATED_SIZE.search(model_id.strip().rsplit("/", 1)[-1].lower())
+    match = _STATED_SIZE.search(repo_id(model_id).strip().rsplit("/", 1)[-1].lower())
     if not match:
         return None
     size = float(match.group("size")) * 1e9

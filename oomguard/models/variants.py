@@ -20,9 +20,20 @@ _QUANT_SUFFIX = re.compile(
     r"|-(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}(?=-|$))+$")
 
 
+# the Hugging Face cache's layout (huggingface_hub file_download.repo_folder_name): vLLM pointed at a snapshot there
+_HUB_CACHE_DIR = re.compile(r"(?:^|/)models--(?P<org>[^/]{1,96}?)--(?P<name>[^/]{1,96})(?:/snapshots/[^/]{1,64})?/?$")
+
+
+def repo_id(model: str) -> str:
+    """'~/.cache/huggingface/hub/models--meta-llama--Llama-3.1-8B-Instruct/snapshots/<rev>' -> its repo id; any other
+    id or path as it is."""
+    cached = _HUB_CACHE_DIR.search(model.strip())
+    return f"{cached['org']}/{cached['name']}" if cached else model
+
+
 def base_name(model_id: str) -> str:
     """'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4' -> 'llama-3.1-8b-instruct'."""
-    name = re.sub(r"[\s_]+", "-", model_id.strip().rsplit("/", 1)[-1].lower())   # "Qwen3.6-27B NVFP4" as typed in logs
+    name = re.sub(r"[\s_]+", "-", repo_id(model_id).strip().rsplit("/", 1)[-1].lower())   # "Qwen3.6-27B NVFP4" as typed in logs
     name = _QUANT_SUFFIX.sub("", name)
     return name[5:] if name.startswith("meta-") else name
 

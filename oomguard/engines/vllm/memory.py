@@ -563,9 +563,11 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     multimodal = model.vision is not None
     if cfg.performance_mode != "balanced" and not rel.performance_mode:
         raise UsageError(f"vLLM {fmt(version)} has no --performance-mode: it came in 0.17")
+    chunks = defaults.v0_chunks_long_context(version, platform.rocm, model.sliding_window is not None,
+                                             model.mla is not None, cfg.lora is not None, cfg.speculative is not None)
     seqs, tokens, batch_notes = defaults.resolve_batch(version, engine, gpu.name, total, cfg.usage_context, max_len,
                                                        multimodal, cfg.max_num_seqs, cfg.max_num_batched_tokens,
-                                                       cfg.performance_mode)
+                                                       cfg.performance_mode, chunks)
     notes += batch_notes
     if engine == "v1" and tokens < seqs and error is None:
         raise UsageError(f"max_num_batched_tokens ({tokens}) must be greater than or equal to max_num_seqs ({seqs})")

@@ -155,6 +155,7 @@ class VllmRelease:
     fit_reserves_one_block: bool         # the fit check keeps one block back (the null block)
     async_scheduling: bool               # in-flight tokens doubled (async scheduling on by default)
     v0_tokens_divided_by_pp: bool        # V0's max-tokens check divides blocks over pipeline stages
+    v0_mla_without_chunked_prefill: bool  # V0 does not turn chunked prefill on by itself for MLA models
     block_sizes: tuple[int, ...] | None  # --block-size choices; None: any multiple of 16 (the CUDA attention kernels')
     flashmla_block_64: bool              # FlashMLA's 64-token blocks on Hopper
     cutlass_mla_block_128: bool          # CUTLASS MLA's 128-token blocks on data-centre Blackwell
@@ -376,6 +377,7 @@ def release(version: Version) -> VllmRelease:
         packed_kv_cache_dtypes=frozenset(name for name, since in _PACKED_KV_CACHE_DTYPES.items() if v >= since),
         async_scheduling=_since(v, False, ((0, 26, 0), True)),              # config/scheduler.py
         v0_tokens_divided_by_pp=_since(v, False, ((0, 10, 0), True)),       # worker/worker.py
+        v0_mla_without_chunked_prefill=_since(v, False, ((0, 8, 0), True)),  # engine/arg_utils.py _set_default_args_v0
         block_sizes=_since(v, (8, 16, 32, 64, 128), ((0, 9, 0), (1, 8, 16, 32, 64, 128)),   # config/cache.py BlockSize
                            ((0, 12, 0), (1, 8, 16, 32, 64, 128, 256)), ((0, 18, 0), None)),
         flashmla_block_64=(0, 8, 0) <= v < (0, 18, 0),                       # platforms/cuda.py
