@@ -125,10 +125,12 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # who did not run or read the diagnoser and scored in aggregate (28/43 top-1, 33/43 top-3); its misses were then read
 # for the fifth round. collected_i.jsonl, collected the same way during that round, is scored once at its end.
 # collected_j, _k and _l were each scored once unread (27/40, 23/42, 16/36 top-1) and then read for the sixth to
-# eighth rounds; collected_m.jsonl, collected the same way during the eighth, is scored once at its end.
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_m.jsonl")
+# eighth rounds; collected_m.jsonl, collected the same way during the eighth, was scored once at its end (31/39) and
+# read in the ninth round. collected_n.jsonl was scored once unread after the ninth round's first changes (22/35
+# top-1, 24/35 top-3), then read.
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
-                     "collected_k.jsonl", "collected_l.jsonl")
+                     "collected_k.jsonl", "collected_l.jsonl", "collected_m.jsonl", "collected_n.jsonl")
 
 
 def _read_group(record: dict) -> str | None:

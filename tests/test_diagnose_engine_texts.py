@@ -427,3 +427,39 @@ def test_a_model_that_needs_a_newer_ollama_is_the_engines_age():
                   "Ollama. Please download the latest version at: https://ollama.com/download")
     assert finding["class"] == "engine_bug"
     assert "upgrade Ollama" in actions(finding)
+
+
+# --- tenth round: texts from set n's misses, each from its source ----------------------------------------------------
+
+def test_gloo_on_loopback_is_the_network_interface_with_its_fixes():
+    # c10d ProcessGroupGloo.cpp createDefaultDevice, then gloo's connectFullMesh from the other nodes
+    finding = top("[rank8] Warning: Unable to resolve hostname to a (local) address. Using the loopback\n"
+                  "        address as fallback. Manually set the network interface with GLOO_SOCKET_IFNAME\n"
+                  "[rank8] Gloo connectFullMesh failed ... timed out connecting: SO_ERROR: Connection refused, "
+                  "remote=[127.0.0.1]:14215\nRuntimeError: Gloo connectFullMesh failed ...")
+    assert finding["class"] == "nccl"
+    flags = [f.get("flag") for f in finding["fixes"]]
+    assert "GLOO_SOCKET_IFNAME" in flags and "NCCL_P2P_DISABLE" not in flags   # not the GPUs' transport
+
+
+def test_rays_small_shm_warning_names_the_containers_shared_memory():
+    finding = top("2023-11-18 03:39:16,283 WARNING services.py:1996 -- WARNING: The object store is using /tmp "
+                  "instead of /dev/shm because /dev/shm has only 67108864 bytes available. This will harm "
+                  "performance!\nINFO 11-18 03:39:17 llm_engine.py:72] Initializing an LLM engine with config: "
+                  "model='/mnt/model/', tensor_parallel_size=2")
+    assert finding["class"] == "nccl" and "--shm-size" in actions(finding)
+
+
+def test_a_clients_could_not_be_reached_is_the_connection():
+    finding = top("Your Ollama instance could not be reached or is not responding. Please make sure it is running "
+                  "the API server and your connection information is correct in AnythingLLM.")
+    assert finding["class"] == "connection" and "host.docker.internal" in finding["summary"]
+
+
+def test_a_gguf_newer_than_the_runtime_and_gos_template_functions():
+    # llama-model.cpp load_hparams ("invalid n_rot: %u, expected %u"): a file converted for a newer llama.cpp
+    assert top("Error: exception error loading model hyperparameters: invalid n_rot: 128, expected 160")["class"] \
+        == "engine_bug"
+    # Go's text/template parse error through Ollama's template package
+    finding = top('Error: template: :3: function "currentDate" not defined')
+    assert finding["class"] == "tokenizer_chat_template" and "currentDate" in finding["summary"]

@@ -135,6 +135,8 @@ SAMPLES = {
         'level=WARN source=server.go:137 msg="model request too large for system" requested="12.5 GiB" '
         'available=8589934592 total="15.5 GiB" free="7.0 GiB" swap="1.0 GiB"',
         {"required": "12.5", "required_unit": "GiB"}),
+    "ollama.template_function": ('Error: template: :3: function "currentDate" not defined',
+                                 {"function": "currentDate"}),
     "ollama.layout_cannot_alloc": ("Error: memory layout cannot be allocated with num_gpu = 99", {"num_gpu": "99"}),
     "ollama.startup_oom": (
         "Error: llama-server reported out-of-memory during startup: cudaMalloc failed: out of memory",

@@ -169,6 +169,8 @@ def test_patterns_pull_numbers_from_real_wording():
                                "estimated_max_model_len": 20480}),
         "vllm.tp_heads": ("Total number of attention heads (28) must be divisible by tensor parallel size (8).",
                           {"num_attention_heads": 28, "tensor_parallel_size": 8}),
+        "llamacpp.metal_buffer_max": ("ggml_metal_add_buffer: buffer 'data' size 18300780544 is larger than "
+                                      "buffer maximum of 17179869184", {"size_bytes": 18300780544}),
         "llamacpp.ctx_exceeded": ("request (5000 tokens) exceeds the available context size (4096 tokens), try "
                                   "increasing it", {"prompt_tokens": 5000, "max_model_len": 4096}),
         "nccl.watchdog": ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=64214, "

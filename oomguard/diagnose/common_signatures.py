@@ -100,6 +100,24 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"(?-i:NCCL(?![a-z])|(?<![A-Za-z])nccl(?![A-Za-z]))"),   # the name, not four letters in a word
     Signature("dist.timeout", C.NCCL, "timed out in dist_init", 0.6, "torch.distributed", kind="hint",
               cause="Distributed initialisation timed out."),
+    # torch.distributed's Gloo group (vLLM's CPU group, Ray's collective setup): a host name that resolves to no
+    # routable address makes Gloo bind to loopback, and the ranks on other nodes cannot connect
+    # (c10d/ProcessGroupGloo.cpp createDefaultDevice; gloo/transport/tcp connectFullMesh)
+    Signature("gloo.loopback", C.NCCL, "using the loopback", 0.85, "torch c10d ProcessGroupGloo.cpp", require=True,
+              pattern=r"unable to resolve hostname to a \(local\) address\.\s{0,20}using the loopback",
+              cause="Gloo found no routable address for this host and bound to loopback, so ranks on other nodes "
+                    "cannot connect: set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME to the network interface that "
+                    "reaches the other nodes (e.g. ^lo,docker,veth to exclude the others)."),
+    Signature("gloo.full_mesh", C.NCCL, "gloo connectfullmesh failed", 0.88, "gloo/transport/tcp (torch c10d)",
+              cause="The Gloo process group could not connect all ranks: the wrong network interface (set "
+                    "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), a firewall, or a rank that never started."),
+    # Ray's own warning (ray/_private/services.py): a container with Docker's 64 MiB /dev/shm, too small for NCCL's
+    # shared-memory transport between the GPUs of one host as well
+    Signature("ray.small_shm", C.NCCL, "/dev/shm has only", 0.6, "ray/_private/services.py", require=True,
+              pattern=r"because /dev/shm has only (?P<shm_bytes>\d{1,15}) bytes available",
+              cause="The container's /dev/shm holds only {shm_bytes} bytes: NCCL's shared-memory transport between "
+                    "the GPUs (tensor parallelism) needs more, and a run can hang or fail there. Start the container "
+                    "with --ipc=host or --shm-size (e.g. 10g)."),
     Signature("bus.error", C.NCCL, "bus error", 0.55, "SIGBUS, typically /dev/shm exhausted", kind="hint",
               cause="A bus error, typically /dev/shm exhausted by NCCL or dataloaders."),
     # --- Hugging Face hub / transformers: access to the model ---
@@ -296,6 +314,11 @@ SIGNATURES: tuple[Signature, ...] = (
                       r"(?:connect to|establish a connection (?:to|with))\s*(?P<target>\S*)",
               cause="The client could not reach the server {target}: it is not running, listens elsewhere, or a "
                     "container cannot see that host (host.docker.internal needs --add-host on Linux)."),
+    Signature("client.not_reached", C.CONNECTION, "be reached", 0.75, "clients' own words (AnythingLLM, Open WebUI, "
+              "IDE plugins)", require=True, pattern=r"(?:could ?n[o']?t|can ?n[o']?t|cannot) be reached",
+              cause="The client could not reach the server at the address it was given: inside a container, "
+                    "localhost is the container itself (use host.docker.internal, or the host's bridge address on "
+                    "Linux), and a server bound to 127.0.0.1 is not reachable from elsewhere."),
     Signature("trl.not_up", C.CONNECTION, "server is not up yet", 0.7, "trl/extras/vllm_client.py",
               cause="The client polls a vLLM server that does not answer: it is still loading, failed to start, or "
                     "listens on another host or port than the client's."),

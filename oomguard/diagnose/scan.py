@@ -304,7 +304,7 @@ class Scanner:
                 return seen_oom
             if sig.kind != "oom":
                 self._register(sig, number, text, source)
-                numbers = sig.numbers(joined)
+                numbers = sig.numbers(raw) or sig.numbers(joined)   # the line as written keeps names in their case
                 if numbers:
                     hits = self.classes[sig.cls]
                     hits.all_numbers.append(numbers)

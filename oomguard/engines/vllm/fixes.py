@@ -474,20 +474,32 @@ def quantization(n: dict, facts: dict, hits: Hits | None = None, why: str = "") 
     return _cause(hits, n, "The quantization settings do not match the checkpoint."), fixes
 
 
+_SHARED_MEMORY_IDS = {"nccl.shm", "nccl.shm_dev", "bus.error", "ray.small_shm"}
+# the ranks' rendezvous and process groups over the network: which interface, which address, which port
+_NETWORK_IDS = {"torch.socket_listen", "nccl.socket", "gloo.loopback", "gloo.full_mesh", "c10d.client_timeout",
+                "c10d.client_connect", "c10d.server_bind"}
+
+
 def nccl(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
     ids = _signature_ids(hits)
     fixes: list[Fix] = []
-    if ids & {"nccl.shm", "nccl.shm_dev", "bus.error"}:
+    shared_memory, network = ids & _SHARED_MEMORY_IDS, ids & _NETWORK_IDS
+    if shared_memory:
         fixes.append(Fix("NCCL needs shared memory between the GPU processes; Docker's default /dev/shm is 64 MB",
                          action="run the container with --ipc=host or --shm-size=16g"))
-    fixes.append(Fix("peer-to-peer transfers fail or hang on many PCIe/consumer/virtualised setups",
-                     "NCCL_P2P_DISABLE", 1))
-    fixes.append(Fix("vLLM's custom all-reduce also uses P2P; NCCL's own is the safe fallback",
-                     "--disable-custom-all-reduce", True))
+    if network:
+        fixes.append(Fix("the ranks bind to the interface the host name resolves to, loopback included",
+                         "GLOO_SOCKET_IFNAME", "<the interface that reaches the other nodes, e.g. eth0>"))
+        fixes.append(Fix("NCCL picks its own interface the same way", "NCCL_SOCKET_IFNAME",
+                         "<the same interface>"))
+        fixes.append(Fix("the other ranks must reach the master's address and port", action="check that the "
+                         "address is routable from every node and the port open (firewall, security group)"))
+    if not (shared_memory or network):   # the transport between the GPUs themselves
+        fixes.append(Fix("peer-to-peer transfers fail or hang on many PCIe/consumer/virtualised setups",
+                         "NCCL_P2P_DISABLE", 1))
+        fixes.append(Fix("vLLM's custom all-reduce also uses P2P; NCCL's own is the safe fallback",
+                         "--disable-custom-all-reduce", True))
     fixes.append(Fix("shows which transport failed", "NCCL_DEBUG", "INFO"))
-    if "torch.socket_listen" in ids or "nccl.socket" in ids:
-        fixes.append(Fix("the ranks rendezvous over a socket", action="free the port or pick the right interface "
-                                                                       "with NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME"))
     return _cause(hits, n, "Communication between the GPUs (NCCL) failed."), fixes
 
 
