@@ -48,7 +48,8 @@ INFERRED_GPUS = ROOT / "benchmarks" / "data" / "startup_logs" / "inferred_gpus.j
 FEATURES = ROOT / "benchmarks" / "data" / "startup_logs" / "features.json"
 FEATURE_FIELDS = ("enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "fully_sharded_loras",
                   "speculative_config", "limit_mm_per_prompt", "mm_processor_kwargs", "skip_mm_profiling",
-                  "swap_space_gib", "kv_offloading", "mm_encoder_budget_tokens", "mm_profiled_items")
+                  "swap_space_gib", "kv_offloading", "mm_encoder_budget_tokens", "mm_profiled_items",
+                  "kv_cache_memory_bytes")
 # coefficients fitted per vLLM band (profile.py): each stands in for the other where a band has no record
 BAND_SIBLINGS = {"non_torch_single_early_gib": "non_torch_single_gib",
                  "non_torch_single_gib": "non_torch_single_early_gib"}
@@ -204,7 +205,7 @@ def record_inputs(r: dict):
         quantization=quant if quant in _QUANT_WORDS else None,
         kv_cache_dtype=r.get("kv_cache_dtype") or "auto", block_size=r.get("block_size"),
         enforce_eager=bool(r.get("enforce_eager")), cpu_offload_gb=r.get("cpu_offload_gb") or 0.0,
-        performance_mode=r.get("performance_mode") or "balanced")
+        performance_mode=r.get("performance_mode") or "balanced", kv_cache_memory_bytes=r.get("kv_cache_memory_bytes"))
     try:   # the LoRA, speculative-decoding, multimodal and swap flags the log showed, as vLLM's flags
         cfg = cfg.with_flags(feature_flags(r))
     except UsageError as exc:

@@ -430,3 +430,25 @@ def test_v0_turns_chunked_prefill_on_for_long_contexts_only_where_its_source_doe
     # the profile run batches the whole context
     r = predict(from_catalog(model), resolve_gpu(gpu), EngineConfig(max_model_len=32769), (0, 8, 5), engine="v0")
     assert r.config["max_num_batched_tokens"] == (2048 if chunked else 32769)
+
+
+def test_model_runner_v2s_sampling_state_is_in_the_budget_from_0_27():
+    # v1/worker/gpu/sample/penalties.py: [max_num_seqs, vocab] int32 counts (and a bit mask a 32nd of that), made
+    # with the sampler after the weights are measured; utils/mem_utils.py counts what the process consumed from 0.27
+    from oomguard.plan.render import memory_slices
+    state = 1024 * 151936 * 4 + 1024 * ((151936 + 31) // 32) * 4
+    qwen = from_catalog("Qwen/Qwen3-8B")
+    before = predict(qwen, h100_at(79.19), EngineConfig(max_model_len=8192), (0, 26, 0))
+    after = predict(qwen, h100_at(79.19), EngineConfig(max_model_len=8192), (0, 27, 0))
+    assert before.config["model_runner"] == after.config["model_runner"] == "v2"
+    assert before.first.sampling_state_bytes == after.first.sampling_state_bytes == state
+    assert not before.sampling_state_in_budget and after.sampling_state_in_budget
+    for report, charged in ((before, 0), (after, state)):   # V2 charges no graph estimate before 0.29
+        w = report.first
+        assert w.kv_cache_bytes == report.requested_memory_bytes - w.weights_bytes - w.activation_peak_bytes - \
+            w.non_torch_bytes - charged
+        # outside the budget or not, it holds GPU memory: the picture shows it apart from the warm-up peak
+        assert dict(memory_slices(report))["sampler state"] == state
+    # the V1 runner keeps no such state (0.26 runs MoE models on it)
+    moe = run(model="Qwen/Qwen3-30B-A3B", version=(0, 26, 0))
+    assert moe.config["model_runner"] == "v1" and moe.first.sampling_state_bytes == 0

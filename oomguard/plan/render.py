@@ -14,7 +14,8 @@ from oomguard.units import GiB
 # (label, colour) of each slice of the bar, in the order vLLM fills the GPU
 _SLICES = (("in use before vLLM", "grey50"), ("weights", "blue"), ("LoRA slots", "bright_blue"),
            ("drafter", "purple"), ("non-torch", "yellow"), ("graphs", "cyan"), ("KV cache", "green"),
-           ("drafter KV", "dark_green"), ("warm-up peak", "magenta"), ("free", "grey23"))
+           ("drafter KV", "dark_green"), ("sampler state", "bright_magenta"), ("warm-up peak", "magenta"),
+           ("free", "grey23"))
 
 
 def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
@@ -24,15 +25,17 @@ def memory_slices(report: MemoryReport) -> list[tuple[str, int]]:
     w = report.first
     kv = max(report.num_gpu_blocks * w.bytes_per_block, 0)
     free = max(report.headroom_bytes, 0)
-    held = report.start_used_bytes + w.weights_bytes + w.non_torch_bytes + w.cuda_graph_bytes + kv
+    held = report.start_used_bytes + w.weights_bytes + w.non_torch_bytes + w.cuda_graph_bytes + kv + \
+        w.sampling_state_bytes
     slices = [("in use before vLLM", report.start_used_bytes),
               ("weights", w.weights_bytes - w.lora_bytes - w.speculative_weights_bytes), ("LoRA slots", w.lora_bytes),
               ("drafter", w.speculative_weights_bytes), ("non-torch", w.non_torch_bytes),
               ("graphs", w.cuda_graph_bytes), ("KV cache", kv - w.speculative_kv_bytes),
-              ("drafter KV", w.speculative_kv_bytes),
+              ("drafter KV", w.speculative_kv_bytes), ("sampler state", w.sampling_state_bytes),
               ("warm-up peak", max(report.total_memory_bytes - held - free, 0)), ("free", free)]
-    # LoRA and the drafter show only where used
-    return [(label, size) for label, size in slices if size or label not in ("LoRA slots", "drafter", "drafter KV")]
+    # LoRA, the drafter and V2's sampler state show only where used
+    return [(label, size) for label, size in slices
+            if size or label not in ("LoRA slots", "drafter", "drafter KV", "sampler state")]
 
 
 def _bar(report: MemoryReport, width: int = 60):
@@ -122,6 +125,10 @@ def print_breakdown(console, report: MemoryReport) -> None:
          prov["cuda_graph_gib"]),
         ("available KV cache", w.kv_cache_bytes, prov["kv_cache_gib"]),
     ]
+    if w.sampling_state_bytes:   # model runner V2's penalty counts, in the budget from 0.27
+        rows.insert(5, ("sampler state (model runner V2)" + ("" if report.sampling_state_in_budget else
+                                                             " (outside the budget)"),
+                        w.sampling_state_bytes, prov["sampling_state_gib"]))
     # the parts LoRA, speculative decoding and multimodal inputs take of the figures above, where used
     parts = [("  of which LoRA adapter slots", w.lora_bytes, "exact arithmetic from the LoRA flags", 2),
              ("  of which the drafter", w.speculative_weights_bytes, "speculative decoding's drafter", 2),

@@ -119,6 +119,7 @@ class WorkerMemory:
     speculative_weights_bytes: int = 0   # the drafter's weights, in weights_bytes
     speculative_kv_bytes: int = 0        # the drafter's layers' share of the KV cache
     encoder_cache_bytes: int = 0         # encoder outputs and inputs held through the profile run, in the peak
+    sampling_state_bytes: int = 0        # model runner V2's per-request sampling state (in the budget from 0.27)
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,7 @@ class MemoryReport:
     kv_layout: KvLayout | None = field(default=None, repr=False)   # the tightest worker's, for workload checks
     in_flight_tokens: int = 0
     host_memory_bytes: int = 0   # CPU memory for offloading (swap space, KV offloading), all GPUs together
+    sampling_state_in_budget: bool = False   # model runner V2's sampling state is subtracted from the budget
 
     @property
     def first(self) -> WorkerMemory:
@@ -186,6 +188,7 @@ class MemoryReport:
             "cuda_graphs_in_budget": self.cuda_graphs_in_budget,
             "lora_gib": _gib(w.lora_bytes), "speculative_weights_gib": _gib(w.speculative_weights_bytes),
             "speculative_kv_gib": _gib(w.speculative_kv_bytes), "encoder_cache_gib": _gib(w.encoder_cache_bytes),
+            "sampling_state_gib": _gib(w.sampling_state_bytes),
             "host_memory_gib": _gib(self.host_memory_bytes),
             "kv_cache_gib": _gib(w.kv_cache_bytes), "kv_cache_tokens": self.kv_cache_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
@@ -628,10 +631,15 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # captured in the profiling window and nothing is charged to the budget
     graph_estimate_runs = not cfg.enforce_eager and (not runner_v2 or rel.v2_estimates_graphs)
     if runner_v2:
+        penalty_counts = profile.v2_sampling_state_bytes(seqs, model.vocab_size)
         notes.append(f"vLLM {fmt(version)} runs this model on model runner V2: its profile run warms the sampler up "
                      "with the logits and their float32 copy only"
                      + ("" if rel.v2_estimates_graphs or cfg.enforce_eager else
-                        ", and it charges no CUDA-graph estimate to the KV budget"))
+                        ", and it charges no CUDA-graph estimate to the KV budget")
+                     + f"; its sampler keeps per-request penalty counts for {seqs} sequences ({_gib(penalty_counts)} "
+                       "GiB), "
+                     + ("which the budget counts" if rel.budget_counts_consumed else
+                        "outside the budget, so they come out of what stays free"))
     start_used = profile.start_used_bytes(engine, version, tp * pp, coefficients, gpu.interconnect)
     free_at_start = total - start_used if free_memory_bytes is None else free_memory_bytes
     if free_memory_bytes is not None:
@@ -715,10 +723,13 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                 WorkerFigures(weights, activation, non_torch, graphs, graphs_estimate), then, in_budget)
             weights, activation, non_torch = figures.weights, figures.activation_peak, figures.non_torch
             graphs, graphs_estimate = figures.cuda_graph, figures.cuda_graph_estimate
+        sampling_state = profile.v2_sampling_state_bytes(seqs, model.vocab_size) \
+            if runner_v2 and stage == pp - 1 else 0
         if kv_given:
             available = cfg.kv_cache_memory_bytes
         else:
-            available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0)
+            available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0) \
+                - (sampling_state if rel.budget_counts_consumed else 0)
         specs = _kv_specs(model, layers, tp, block_size, kv, state, ds_mla, version)
         draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv, model) if stage == pp - 1 else []
         layout = build_layout(specs + draft_specs, hybrid_manager, rel.hybrid_groups_max_if_close)
@@ -727,6 +738,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
                                     int(available), blocks_here, layout.bytes_per_block, lora_bytes=adapters,
                                     speculative_weights_bytes=draft_weights, encoder_cache_bytes=held,
+                                    sampling_state_bytes=sampling_state,
                                     speculative_kv_bytes=blocks_here * sum(s.page_size_bytes for s in draft_specs)))
 
     blocks = min(w.num_blocks for w in workers)
@@ -776,7 +788,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # 0.7's LoRA stacks are in no figure vLLM budgets (allocated after the weights line, before the snapshot)
     uncounted = 0 if rel.lora_in_weights or rel.v0_counts_cuda_context else max(w.lora_bytes for w in workers)
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
-                   - w.cuda_graph_bytes for w in workers) - uncounted
+                   - w.cuda_graph_bytes - w.sampling_state_bytes for w in workers) - uncounted
     sampler_need = max(profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version,
                                                   gpu.multiprocessors), rejection)
     risks: list[str] = []
@@ -877,6 +889,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         "speculative_weights_gib": "exact arithmetic for a draft model or MTP layers from config.json; an EAGLE head "
                                    "estimated from the target's shapes",
         "speculative_kv_gib": "exact arithmetic: the drafter's attention layers' share of every KV block",
+        "sampling_state_gib": "exact arithmetic: model runner V2's penalty counts, max_num_seqs x vocabulary int32",
         "encoder_cache_gib": "exact arithmetic from the processor's largest item and the release's item count; the "
                              "encoder's own activations estimated from its shapes",
         "host_memory_gib": "exact arithmetic from --swap-space / --kv-offloading-size / the connector's settings",
@@ -905,6 +918,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         model_id=model.model_id, gpu_name=gpu.name, gpu_count=gpu_count, vllm_version=fmt(version), engine=engine,
         config=resolved, total_memory_bytes=total, requested_memory_bytes=requested, start_used_bytes=start_used,
         workers=tuple(workers), cuda_graphs_in_budget=in_budget, num_gpu_blocks=blocks, block_size=block_size,
+        sampling_state_in_budget=rel.budget_counts_consumed,
         kv_cache_tokens=report_tokens, max_concurrency=concurrency, max_model_len=max_len,
         starts=error is None, verdict=verdict, risks=tuple(risks), kv_cache_low_bytes=kv_low,
         kv_cache_high_bytes=kv_high, error=error, error_class=error_class, estimated_max_model_len=estimated,

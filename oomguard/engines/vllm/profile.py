@@ -25,7 +25,7 @@ from oomguard.engines.vllm.releases import release
 from oomguard.engines.vllm.versions import Version
 from oomguard.gpus.spec import GpuSpec
 from oomguard.models.spec import ModelSpec
-from oomguard.units import GiB
+from oomguard.units import GiB, cdiv
 
 
 # Bytes per (dummy request x vocabulary entry) the sampler warm-up holds at its peak, from the code each release runs
@@ -148,6 +148,13 @@ def forward_peak_bytes(model: ModelSpec, tokens: int, tp: int, act_bytes: int,
     else:
         per_token += per_inter * model.intermediate_size / tp
     return tokens * per_token * act_bytes + moe_workspace_bytes(model, tokens, tp, act_bytes)
+
+
+def v2_sampling_state_bytes(max_num_reqs: int, vocab: int) -> int:
+    """Model runner V2's per-request sampling state that scales with the vocabulary, allocated with its sampler in
+    load_model after the weights are measured (v1/worker/gpu/sample/penalties.py PenaltiesState: output_bin_counts
+    [max_num_reqs, vocab] int32 and prompt_bin_mask [max_num_reqs, vocab / 32] int32; 0.22 to 0.33 alike)."""
+    return max_num_reqs * vocab * 4 + max_num_reqs * cdiv(vocab, 32) * 4
 
 
 def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocessors: int = 0,

@@ -92,6 +92,9 @@ class VllmRelease:
     free_memory_check: bool              # V1 refuses to start with less free memory than requested
     cuda_graphs_in_budget: bool          # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1
     graph_estimate_in_window: bool       # profile_cudagraph_memory runs inside memory_profiling (CUDA, graphs on)
+    budget_counts_consumed: bool         # the budget subtracts all the process consumed since its start (free
+                                         # memory before - after the profile run), torch tensors made outside the
+                                         # profile run included (model runner V2's sampling state)
     nccl_before_snapshot: bool           # Worker.init_device sets up NCCL before the initial MemorySnapshot
     ep_group_for_every_model: bool       # parallel_state builds the expert-parallel group (a second NCCL
                                          # communicator under TP) for every model, not only MoE ones
@@ -304,6 +307,7 @@ def release(version: Version) -> VllmRelease:
         free_memory_check=_since(v, False, ((0, 9, 0), True)),              # gpu_worker.init_device
         cuda_graphs_in_budget=_since(v, False, ((0, 20, 0), True)),         # envs.py ESTIMATE_CUDAGRAPHS
         graph_estimate_in_window=(0, 18, 0) <= v < (0, 27, 0),              # gpu_worker.determine_available_memory
+        budget_counts_consumed=_since(v, False, ((0, 27, 0), True)),        # utils/mem_utils.py total_consumed
         nccl_before_snapshot=_since(v, False, ((0, 11, 0), True)),          # gpu_worker.init_device
         ep_group_for_every_model=(0, 9, 0) <= v < (0, 14, 0),               # initialize_model_parallel
         # v1/worker/gpu_worker.py determine_available_memory, 0.8.0-0.9.0: (total - free) - allocated; memory_profiling
