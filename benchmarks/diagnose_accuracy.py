@@ -127,8 +127,9 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # collected_j, _k and _l were each scored once unread (27/40, 23/42, 16/36 top-1) and then read for the sixth to
 # eighth rounds; collected_m.jsonl, collected the same way during the eighth, was scored once at its end (31/39) and
 # read in the ninth round. collected_n.jsonl was scored once unread after the ninth round's first changes (22/35
-# top-1, 24/35 top-3), then read.
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl")
+# top-1, 24/35 top-3), then read. collected_o.jsonl, collected the same way during the ninth round, was scored once
+# unread after that round's changes (24/35 top-1, 27/35 top-3).
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_o.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
                      "collected_k.jsonl", "collected_l.jsonl", "collected_m.jsonl", "collected_n.jsonl")
 
