@@ -463,3 +463,14 @@ def test_a_gguf_newer_than_the_runtime_and_gos_template_functions():
     # Go's text/template parse error through Ollama's template package
     finding = top('Error: template: :3: function "currentDate" not defined')
     assert finding["class"] == "tokenizer_chat_template" and "currentDate" in finding["summary"]
+
+
+def test_the_line_that_names_the_buffer_outranks_ollamas_generic_allocation_line():
+    # ggml-cuda's "allocating ... cudaMalloc failed" says only that an allocation failed; ggml-alloc's reserve line
+    # after it says the compute buffers (sized by -b/-ub) were being allocated
+    text = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2508.00 MiB on device 0: cudaMalloc failed: out of "
+            "memory\nggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 2629828608\n")
+    assert top(text)["class"] == "oom_profiling_or_graph"
+    weights = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 35533.34 MiB on device 0: cudaMalloc failed: "
+               "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 37258956800\n")
+    assert top(weights)["class"] == "oom_weights_load"
