@@ -132,3 +132,14 @@ def test_a_log_without_the_gpus_memory_is_placed_by_the_total_of_the_gpu_given()
     assert top.cls == C.OOM_WEIGHTS_LOAD
     assert 75 < top.numbers["total_gib"] < 81
     assert diagnose_text(text, use_planner=False).findings[0].cls != C.OOM_WEIGHTS_LOAD   # no total: not placed so
+
+
+def test_an_allocation_under_the_loaders_default_device_is_the_weights_being_made():
+    # torch/utils/_device.py's DeviceContext: the loaders build the model inside `with torch.device(...)`
+    text = ('Traceback (most recent call last):\n'
+            '  File "/usr/local/lib/python3.12/dist-packages/torch/utils/_device.py", line 103, in __torch_function__\n'
+            '    return func(*args, **kwargs)\n'
+            'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of '
+            '95.08 GiB of which 1.27 GiB is free. Including non-PyTorch memory, this process has 93.27 GiB memory in '
+            'use.\n')
+    assert diagnose_text(text, use_planner=False).findings[0].cls == C.OOM_WEIGHTS_LOAD

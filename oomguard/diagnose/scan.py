@@ -366,6 +366,8 @@ class Scanner:
             func = match.group("func")
             if "file" in match.groupdict() and startup_log.HTTP_CLIENT_FILES.search(match.group("file")):
                 func = startup_log.HTTP_CLIENT_FRAME
+            elif "file" in match.groupdict() and startup_log.DEVICE_CONTEXT_FILES.search(match.group("file")):
+                func = startup_log.DEVICE_CONTEXT_FRAME
             elif "file" in match.groupdict() and _ENGINE_FILE.search(match.group("file")):
                 self.engine_frames += 1
             self._push_frame(func, process)

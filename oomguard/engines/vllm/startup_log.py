@@ -130,7 +130,12 @@ PHASE_HINTS: tuple[tuple[str, str], ...] = (
 
 # Functions in a traceback that say where an out-of-memory error happened (vllm/v1/worker/*, worker/* V0,
 # model_executor/model_loader/*).
-WEIGHT_FRAMES = frozenset({
+# A tensor made inside `with torch.device(...)` passes through torch/utils/_device.py's DeviceContext: the loaders
+# build the model that way (vLLM model_loader/base_loader.py load_model's `with target_device:`, SGLang's loader), so
+# an allocation failing there is the weights being created
+DEVICE_CONTEXT_FRAME = "<tensor made under a default device>"
+DEVICE_CONTEXT_FILES = re.compile(r"torch[/\\]utils[/\\]_device\.py$")
+WEIGHT_FRAMES = frozenset({DEVICE_CONTEXT_FRAME,
     "load_model", "load_weights", "_load_weights", "get_model", "initialize_model", "_initialize_model",
     "weight_loader", "create_weights", "load_weights_and_postprocess", "_process_weights_after_loading",
     "process_weights_after_loading", "safetensors_weights_iterator", "download_model", "_prepare_weights",
@@ -205,7 +210,7 @@ STAGES: tuple[Stage, ...] = (
 
 
 # every function name a stage knows (a truncated traceback's last source line may show the call into one)
-STAGE_FUNCTIONS = frozenset().union(*(stage.frames for stage in STAGES)) - {HTTP_CLIENT_FRAME}
+STAGE_FUNCTIONS = frozenset().union(*(stage.frames for stage in STAGES)) - {HTTP_CLIENT_FRAME, DEVICE_CONTEXT_FRAME}
 
 
 def stage_of(frames) -> Stage | None:
