@@ -143,3 +143,17 @@ def test_an_allocation_under_the_loaders_default_device_is_the_weights_being_mad
             '95.08 GiB of which 1.27 GiB is free. Including non-PyTorch memory, this process has 93.27 GiB memory in '
             'use.\n')
     assert diagnose_text(text, use_planner=False).findings[0].cls == C.OOM_WEIGHTS_LOAD
+
+
+def test_a_graph_capture_oom_on_0_25_names_model_runner_v2s_missing_reservation():
+    # releases.py: model runner V2's profile_cudagraph_memory returns 0 until 0.29 (v1/worker/gpu/model_runner.py)
+    text = ("INFO 06-01 10:00:00 [api_server.py:1] vLLM API server version 0.25.1\n"
+            '(EngineCore pid=1) ERROR 06-01 10:00:20 [core.py:1]   File "/x/vllm/v1/worker/gpu/model_runner.py", line '
+            "900, in capture_model\n(EngineCore pid=1) ERROR 06-01 10:00:20 [core.py:1] torch.OutOfMemoryError: CUDA "
+            "out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 79.19 GiB of which 100.00 MiB "
+            "is free.\n")
+    top = diagnose_text(text, use_planner=False).findings[0]
+    assert top.cls == C.OOM_PROFILING_OR_GRAPH and any("VLLM_USE_V2_MODEL_RUNNER=0" in n for n in top.notes)
+    assert top.alternatives[0]["class"] == C.ENGINE_BUG
+    fixed = diagnose_text(text.replace("0.25.1", "0.29.0"), use_planner=False).findings[0]
+    assert not any("VLLM_USE_V2_MODEL_RUNNER" in n for n in fixed.notes)

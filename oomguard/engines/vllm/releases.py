@@ -43,6 +43,12 @@ _PP_CHECK_TOO_STRICT = KnownRegression(
     "vLLM 0.14-0.16 checks one request's KV need against all pipeline stages' layers at once, so with pipeline "
     "parallelism the check is about pp times stricter than the allocation (fixed in 0.17): upgrade rather than cut "
     "max_model_len.", fixed_in="0.17")
+_V2_GRAPHS_UNBUDGETED = KnownRegression(
+    FailureClass.OOM_PROFILING_OR_GRAPH, False,
+    "Model runner V2 (the default for dense models from vLLM 0.25, for some architectures from 0.22) reserves no "
+    "memory for CUDA graphs before 0.29 (its profile_cudagraph_memory returns 0), so capture can run past the budget "
+    "the KV cache was sized to; 0.29 estimates them. Upgrade, or VLLM_USE_V2_MODEL_RUNNER=0, or lower "
+    "--gpu-memory-utilization by the graphs' size.", fixed_in="0.29")
 _ESTIMATE_DROPPED = KnownRegression(
     FailureClass.KV_CACHE_TOO_SMALL, False,
     "vLLM 0.8.x drops the estimated maximum model length from this message (a misplaced f-string); oomguard "
@@ -492,7 +498,8 @@ def release(version: Version) -> VllmRelease:
         cache_config_kv_tokens=_since(v, False, ((0, 24, 0), True)),
         num_cpu_blocks_label_zero=_since(v, False, ((0, 8, 0), True)),
         regressions=tuple(r for r, first, fixed in ((_PP_CHECK_TOO_STRICT, (0, 14, 0), (0, 17, 0)),
-                                                    (_ESTIMATE_DROPPED, (0, 8, 0), (0, 9, 0)))
+                                                    (_ESTIMATE_DROPPED, (0, 8, 0), (0, 9, 0)),
+                                                    (_V2_GRAPHS_UNBUDGETED, (0, 22, 0), (0, 29, 0)))
                           if first <= v < fixed),
     )
 
