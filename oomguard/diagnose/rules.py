@@ -410,7 +410,9 @@ SHARED_SYMPTOM: dict[str, tuple[tuple[str, str], ...]] = {
                            (C.GPU_MEMORY_IN_USE, "memory another process holds shrinks the cache the same way"),
                            (C.CONTEXT_TOO_LONG, "a request longer than the context reads alike")),
     C.CONTEXT_TOO_LONG: ((C.KV_CACHE_TOO_SMALL, "a cache smaller than the context rejects long requests too"),
-                         (C.TOKENIZER_CHAT_TEMPLATE, "a template that inflates the prompt makes the same excess")),
+                         (C.TOKENIZER_CHAT_TEMPLATE, "a template that inflates the prompt makes the same excess"),
+                         (C.ENGINE_BUG, "a release that derives the context length wrongly (rope scaling) refuses "
+                                        "alike")),
     C.TOKENIZER_CHAT_TEMPLATE: ((C.ENGINE_BUG, "a template the engine renders wrongly fails the same way"),
                                 (C.MODEL_ACCESS, "a tokenizer that cannot be fetched fails the same way")),
     C.MODEL_ACCESS: ((C.CONNECTION, "a network that cannot reach the model store fails the same way"),
