@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from oomguard.diagnose import diagnose_text
 
 
@@ -474,3 +476,15 @@ def test_the_line_that_names_the_buffer_outranks_ollamas_generic_allocation_line
     weights = ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 35533.34 MiB on device 0: cudaMalloc failed: "
                "out of memory\nalloc_tensor_range: failed to allocate CUDA0 buffer of size 37258956800\n")
     assert top(weights)["class"] == "oom_weights_load"
+
+
+@pytest.mark.parametrize("text, said", [
+    ("TypeError: Failed to fetch", "browser"),                                   # WHATWG fetch, Chromium
+    ("Error: getaddrinfo ENOTFOUND ollama", "ollama does not resolve"),          # Node's DNS error
+    ("Error: connect ETIMEDOUT 192.168.1.5:11434", "timed out"),                 # Node's net error
+    ("Error: read ECONNRESET", "closed the connection"),
+    ("ssl.SSLError: [SSL: WRONG_VERSION_NUMBER] wrong version number (_ssl.c:1006)", "http://"),   # OpenSSL
+])
+def test_the_network_errors_of_browsers_node_and_openssl_are_the_connection(text, said):
+    finding = top(text)
+    assert finding["class"] == "connection" and said in finding["summary"]

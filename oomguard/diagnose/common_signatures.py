@@ -220,6 +220,27 @@ SIGNATURES: tuple[Signature, ...] = (
               cause="Nothing was listening at the address: the server was down, still starting, or listens on "
                     "another interface (a server bound to 127.0.0.1 is not reachable from a container's bridge "
                     "address: bind it to 0.0.0.0, e.g. OLLAMA_HOST=0.0.0.0)."),
+    # Node's other net/DNS errors (lib/internal/errors.js uvException / dnsException: "<syscall> <CODE> <host>")
+    Signature("node.enotfound", C.CONNECTION, "enotfound", 0.82, "Node.js dns (getaddrinfo ENOTFOUND host)",
+              require=True, pattern=r"getaddrinfo (?:ENOTFOUND|EAI_AGAIN) (?P<host>[\w.-]{1,100})",
+              cause="The host name {host} does not resolve where the client runs: a container name used outside its "
+                    "network, a typo, or a name only the host knows (use host.docker.internal or the host's IP)."),
+    Signature("node.etimedout", C.CONNECTION, "connect etimedout", 0.8, "Node.js net (uvException)",
+              cause="Connecting to the server timed out: a firewall drops the packets, or the address is not the "
+                    "server's (a LAN address that changed, a port not published)."),
+    Signature("node.econnreset", C.CONNECTION, "econnreset", 0.7, "Node.js net (uvException)",
+              cause="The server (or a proxy in between) closed the connection mid-request: it crashed or restarted, "
+                    "or a proxy timed the request out."),
+    # the browser's Fetch API, whatever the failure below it (Chrome's wording; Firefox says NetworkError)
+    Signature("browser.failed_to_fetch", C.CONNECTION, "failed to fetch", 0.78, "WHATWG fetch (Chromium's TypeError "
+              "message)", require=True, pattern=r"(?:TypeError: )?Failed to fetch\b|NetworkError when attempting to "
+                                                r"fetch resource",
+              cause="The browser could not reach the server: it is down, the URL is one only the server's machine "
+                    "resolves (localhost from another machine), or CORS / mixed http-https content blocks it."),
+    # OpenSSL's record-layer error when an HTTPS client meets a plain-HTTP server
+    Signature("ssl.wrong_version", C.CONNECTION, "wrong_version_number", 0.85, "OpenSSL ssl/record (SSL routines)",
+              cause="The client speaks HTTPS to a server that answers plain HTTP (vLLM and Ollama serve http:// "
+                    "unless given certificates): use http:// in the base URL."),
     # the server's own refusal of a request without the key: vLLM's api-key middleware answers
     # {"error": "Unauthorized"} with 401 (entrypoints/openai/api_server.py, later server_utils.py), logged by uvicorn
     Signature("http.server_401", C.CONNECTION, "401 unauthorized", 0.8, "uvicorn access log of an OpenAI-compatible "
