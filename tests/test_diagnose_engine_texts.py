@@ -488,3 +488,14 @@ def test_the_line_that_names_the_buffer_outranks_ollamas_generic_allocation_line
 def test_the_network_errors_of_browsers_node_and_openssl_are_the_connection(text, said):
     finding = top(text)
     assert finding["class"] == "connection" and said in finding["summary"]
+
+
+def test_the_environments_own_failures_are_named_not_read_as_engine_crashes():
+    # torch/cuda/__init__.py _check_driver; huggingface_hub's 429; ENOSPC
+    assert top("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).")["class"] == \
+        "dtype_capability"
+    no_driver = top("RuntimeError: Found no NVIDIA driver on your system.")
+    assert no_driver["class"] == "unknown" and "--gpus all" in no_driver["summary"]   # its cause, not a blank
+    assert top("huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many Requests for url: "
+               "https://huggingface.co/api/models/x")["class"] == "model_access"
+    assert top("OSError: [Errno 28] No space left on device")["class"] == "model_access"

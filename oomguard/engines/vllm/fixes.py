@@ -607,8 +607,8 @@ def feature_fixes(facts: dict) -> tuple[list[Fix], str]:
 def build(cls: FailureClass, n: dict, facts: dict, hits: Hits | None, why: str = "") -> tuple[str, list[Fix]]:
     """The cause and the fixes for one finding."""
     builder = BUILDERS.get(cls)
-    if builder is None:
-        return "Unrecognised failure.", []
+    if builder is None:   # a known message of no class oomguard fixes (no GPU visible, an ECC error): its cause
+        return _cause(hits, n, "Unrecognised failure."), []
     cause, fixes = builder(n, facts, hits, why)
     if cls in _MEMORY:
         extra, note = feature_fixes(facts)
