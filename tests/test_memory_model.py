@@ -452,3 +452,16 @@ def test_model_runner_v2s_sampling_state_is_in_the_budget_from_0_27():
     # the V1 runner keeps no such state (0.26 runs MoE models on it)
     moe = run(model="Qwen/Qwen3-30B-A3B", version=(0, 26, 0))
     assert moe.config["model_runner"] == "v1" and moe.first.sampling_state_bytes == 0
+
+
+def test_model_runner_v2s_sampler_warm_up_per_release():
+    # v1/worker/gpu/sample/sampler.py: the logits and their float32 copy (0.22-0.32, every pass copies); 0.33's
+    # _dummy_sampler_run adds a pass with SamplingParams.for_sampler_warmup, whose top-k/top-p runs in place through
+    # Triton's per-SM vocabulary rows (topk_topp_triton.py)
+    reqs, vocab, sms = 1024, 151936, 132
+    assert profile.sampler_peak_bytes(vocab, reqs, (0, 24, 0), sms, runner_v2=True) == reqs * vocab * 6
+    assert profile.sampler_peak_bytes(vocab, reqs, (0, 33, 0), sms, runner_v2=True) == \
+        reqs * vocab * 6 + profile.TRITON_BYTES_PER_SM_LOGIT * sms * vocab
+    # FlashInfer's fused sampler, where installed, takes the top-k/top-p instead
+    assert profile.sampler_peak_bytes(vocab, reqs, (0, 33, 0), sms, flashinfer=True, runner_v2=True) == \
+        reqs * vocab * 6

@@ -161,9 +161,15 @@ def sampler_peak_bytes(vocab: int, num_reqs: int, version: Version, multiprocess
                        flashinfer: bool = False, runner_v2: bool = False, logits_bytes: int = 2) -> int:
     """Peak of the sampler dummy run (gpu_model_runner._dummy_sampler_run) over num_reqs x vocab logits; model runner
     V2's warm-up (v1/worker/gpu/sample/sampler.py Sampler.apply_sampling_params) holds the logits and their float32
-    copy, its default parameters skipping top-k/top-p and the Gumbel draw running in one kernel."""
-    if runner_v2 and release(version).v2_sampler_plain_warmup:
-        return num_reqs * vocab * (logits_bytes + 4)
+    copy, the Gumbel draw running in one kernel. Up to 0.32 its default parameters skip top-k/top-p; from 0.33 a
+    second pass with SamplingParams.for_sampler_warmup (v1/worker/gpu/model_runner.py _dummy_sampler_run) applies
+    penalties, bias and min-p in place and top-k/top-p through Triton's per-SM vocabulary rows
+    (topk_topp_triton.py apply_top_k_top_p_triton), unless FlashInfer's fused sampler takes it."""
+    if runner_v2:
+        peak = num_reqs * vocab * (logits_bytes + 4)
+        if not release(version).v2_sampler_plain_warmup and not flashinfer:
+            peak += TRITON_BYTES_PER_SM_LOGIT * min(multiprocessors, num_reqs) * vocab
+        return peak
     triton = not release(version).sampler_sorts and not flashinfer and num_reqs >= 8  # apply_top_k_top_p
     buffer = TRITON_BYTES_PER_SM_LOGIT * multiprocessors * vocab if triton else 0
     return num_reqs * vocab * sampler_bytes_per_logit(version, num_reqs, flashinfer) + buffer

@@ -89,7 +89,8 @@ class VllmRelease:
     v2_spec_methods: frozenset[str]      # speculative methods V2 runs (others fall back to V1)
     v2_estimates_graphs: bool            # V2's profile_cudagraph_memory estimates the pool (before: returns 0)
     v2_sampler_plain_warmup: bool        # V2's sampler warm-up runs default parameters only: the logits and their
-                                         # float32 copy, no top-k/top-p, logprobs or penalties
+                                         # float32 copy, no top-k/top-p, logprobs or penalties (0.33 adds a pass
+                                         # with SamplingParams.for_sampler_warmup)
     mamba_spec_blocks: bool              # a hybrid keeps 1 + k recurrent-state pages a request
     graph_sizes_scale_with_spec: bool    # capture sizes up to max_num_seqs x (1 + k) x 2
     kv_offloading_flags: bool            # --kv-offloading-size / --kv-offloading-backend
