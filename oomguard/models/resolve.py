@@ -46,7 +46,8 @@ def quant_from_name(model_id: str) -> QuantSpec | None:
 
 
 # the parameter count a name states: "Baichuan-13B", "baichuan13b", "Qwen3-30B-A3B" (total first), "Mixtral-8x7B"
-_STATED_SIZE = re.compile(r"(?:^|[-_.]|(?<=[a-z]))(?:(?P<experts>\d{1,3})x)?(?P<size>\d{1,4}(?:\.\d{1,2})?)b(?=$|[-_.])")
+_STATED_SIZE = re.compile(r"(?:^|[-_.]|(?<=[a-z]))(?:(?P<experts>\d{1,3})x)?(?P<size>\d{1,4}(?:\.\d{1,2})?)b"
+                          r"(?=$|[-_.])")
 
 
 def stated_parameters(model_id: str) -> float | None:

@@ -33,7 +33,8 @@ def repo_id(model: str) -> str:
 
 def base_name(model_id: str) -> str:
     """'hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4' -> 'llama-3.1-8b-instruct'."""
-    name = re.sub(r"[\s_]+", "-", repo_id(model_id).strip().rsplit("/", 1)[-1].lower())   # "Qwen3.6-27B NVFP4" as typed in logs
+    # "Qwen3.6-27B NVFP4" as typed in logs
+    name = re.sub(r"[\s_]+", "-", repo_id(model_id).strip().rsplit("/", 1)[-1].lower())
     name = _QUANT_SUFFIX.sub("", name)
     return name[5:] if name.startswith("meta-") else name
 

@@ -37,7 +37,8 @@ def v0_chunks_long_context(version: Version, rocm: bool, sliding_window: bool, m
     """Whether V0 enables chunked prefill by itself for a context over 32K tokens (EngineArgs.create_engine_config
     in 0.6-0.7, _set_default_args_v0 from 0.8): on CUDA only, not with a sliding window, speculative decoding or
     LoRA, and from 0.8 not for MLA models (multimodal models never: batch_defaults)."""
-    return not (rocm or sliding_window or lora or speculative or (mla and release(version).v0_mla_without_chunked_prefill))
+    mla_off = mla and release(version).v0_mla_without_chunked_prefill
+    return not (rocm or sliding_window or lora or speculative or mla_off)
 
 
 def resolve_batch(version: Version, engine: str, gpu_name: str, total_bytes: int, usage_context: str,

@@ -630,13 +630,14 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     # model runner V2 estimates no CUDA-graph pool before 0.29 (its profile_cudagraph_memory returns 0): nothing is
     # captured in the profiling window and nothing is charged to the budget
     graph_estimate_runs = not cfg.enforce_eager and (not runner_v2 or rel.v2_estimates_graphs)
+    # model runner V2's sampler keeps per-request penalty counts on the last stage (v2_sampling_state_bytes)
+    sampling_state = profile.v2_sampling_state_bytes(seqs, model.vocab_size) if runner_v2 else 0
     if runner_v2:
-        penalty_counts = profile.v2_sampling_state_bytes(seqs, model.vocab_size)
         notes.append(f"vLLM {fmt(version)} runs this model on model runner V2: its profile run warms the sampler up "
                      "with the logits and their float32 copy only"
                      + ("" if rel.v2_estimates_graphs or cfg.enforce_eager else
                         ", and it charges no CUDA-graph estimate to the KV budget")
-                     + f"; its sampler keeps per-request penalty counts for {seqs} sequences ({_gib(penalty_counts)} "
+                     + f"; its sampler keeps per-request penalty counts for {seqs} sequences ({_gib(sampling_state)} "
                        "GiB), "
                      + ("which the budget counts" if rel.budget_counts_consumed else
                         "outside the budget, so they come out of what stays free"))
@@ -723,13 +724,12 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                 WorkerFigures(weights, activation, non_torch, graphs, graphs_estimate), then, in_budget)
             weights, activation, non_torch = figures.weights, figures.activation_peak, figures.non_torch
             graphs, graphs_estimate = figures.cuda_graph, figures.cuda_graph_estimate
-        sampling_state = profile.v2_sampling_state_bytes(seqs, model.vocab_size) \
-            if runner_v2 and stage == pp - 1 else 0
+        state_here = sampling_state if stage == pp - 1 else 0
         if kv_given:
             available = cfg.kv_cache_memory_bytes
         else:
             available = requested - weights - activation - non_torch - (graphs_estimate if in_budget else 0) \
-                - (sampling_state if rel.budget_counts_consumed else 0)
+                - (state_here if rel.budget_counts_consumed else 0)
         specs = _kv_specs(model, layers, tp, block_size, kv, state, ds_mla, version)
         draft_specs = _draft_kv_specs(drafter, specs, tp, block_size, kv, model) if stage == pp - 1 else []
         layout = build_layout(specs + draft_specs, hybrid_manager, rel.hybrid_groups_max_if_close)
@@ -738,7 +738,7 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         workers.append(WorkerMemory(stage, len(layers), weights, activation, non_torch, graphs, graphs_estimate,
                                     int(available), blocks_here, layout.bytes_per_block, lora_bytes=adapters,
                                     speculative_weights_bytes=draft_weights, encoder_cache_bytes=held,
-                                    sampling_state_bytes=sampling_state,
+                                    sampling_state_bytes=state_here,
                                     speculative_kv_bytes=blocks_here * sum(s.page_size_bytes for s in draft_specs)))
 
     blocks = min(w.num_blocks for w in workers)
