@@ -93,7 +93,7 @@ def linearize_many(fn, names: tuple[str, ...]):
 
 
 def _version_and_engine(r: dict):
-    if not r.get("vllm_version") or "fork" in str(r["vllm_version"]):
+    if not r.get("vllm_version") or "fork" in str(r["vllm_version"]) or "fork" in (r.get("arch_tags") or ()):
         return None
     try:
         version = parse_version(r["vllm_version"])

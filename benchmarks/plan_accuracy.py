@@ -168,7 +168,7 @@ def record_inputs(r: dict):
         version = parse_version(r["vllm_version"])
     except UsageError as exc:
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
-    if "fork" in str(r["vllm_version"]):
+    if "fork" in str(r["vllm_version"]) or "fork" in (r.get("arch_tags") or ()):
         raise LookupError("a fork of vLLM, not modelled")
     if r.get("outcome") is None:
         raise LookupError("the log does not show whether vLLM started")

@@ -789,8 +789,10 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
     uncounted = 0 if rel.lora_in_weights or rel.v0_counts_cuda_context else max(w.lora_bytes for w in workers)
     headroom = min(total - start_used - w.weights_bytes - w.non_torch_bytes - blocks * w.bytes_per_block
                    - w.cuda_graph_bytes - w.sampling_state_bytes for w in workers) - uncounted
+    # V2 warms its kernels up after the KV cache with the same sampler pass (v1/worker/gpu/warmup.py warmup_kernels)
     sampler_need = max(profile.sampler_peak_bytes(padded_vocab(model.vocab_size), num_reqs, version,
-                                                  gpu.multiprocessors), rejection)
+                                                  gpu.multiprocessors, runner_v2=runner_v2, logits_bytes=act_bytes),
+                       rejection)
     risks: list[str] = []
     # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
     warmup_margin = _estimate_margin(("activation_peak", "non_torch", "cuda_graph"), measured_names)
