@@ -499,3 +499,27 @@ def test_the_environments_own_failures_are_named_not_read_as_engine_crashes():
     assert top("huggingface_hub.errors.HfHubHTTPError: 429 Client Error: Too Many Requests for url: "
                "https://huggingface.co/api/models/x")["class"] == "model_access"
     assert top("OSError: [Errno 28] No space left on device")["class"] == "model_access"
+
+
+# --- eleventh round: texts from set o's misses ---------------------------------------------------------------------
+
+def test_a_404_from_a_server_other_than_the_hub_is_a_route_it_does_not_serve():
+    assert top("404 Client Error: Not Found for url: https://ollama.ai/api/models")["class"] == "connection"
+    assert top("requests.exceptions.HTTPError: 404 Client Error: Not Found for url: "
+               "https://huggingface.co/api/models/no-such/model")["class"] == "model_access"
+    assert top("curl http://localhost:5950/v1/models returns a 404 error, can't seem to find the endpoint v1")[
+        "class"] == "connection"
+
+
+def test_tritons_capability_floor_and_exllamav2s_cache_are_named():
+    # torch/_dynamo/device_interface.py raise_if_triton_unavailable; exllamav2/model.py load_autosplit_gen
+    pascal = top("RuntimeError: Found Tesla P40 which is too old to be supported by the triton GPU compiler, which is "
+                 "used as the backend. Triton only supports devices of CUDA Capability >= 7.0, but your device is of "
+                 "CUDA capability 6.1")
+    assert pascal["class"] == "dtype_capability" and "6.1" in pascal["summary"]
+    assert top("RuntimeError: Insufficient VRAM for model and cache")["class"] == "kv_cache_too_small"
+
+
+def test_running_fine_on_an_older_release_points_at_the_engine():
+    finding = top("With vllm 0.8.0 it runs out of memory and exits. But I can run it successfully with vllm 0.7.3.")
+    assert "engine_bug" in [finding["class"]] + [a["class"] for a in finding["alternatives"]]

@@ -15,13 +15,15 @@ C = FailureClass   # short, for the tables below
 # at the engine: only its version changed. A release number is required, so "works with --enforce-eager" is not one.
 _RELEASE = r"(?:vllm|sglang|ollama|llama\.cpp|version|release|build)?[ =]*v?\d+\.\d+(?:\.\d+)?"
 _VERSION_CONTRAST = (r"\bregression\b|\bwork(?:s|ed|ing)?(?: (?:fine|well|ok|correctly|normally))? (?:in|with|on|under) "
-                     + _RELEASE + r"|\b(?:roll(?:ing|ed)? ?back|revert(?:ing|ed)?|downgrad(?:e|ed|ing)) (?:\w+ )?(?:to|from) "
+                     + _RELEASE + r"|\b(?:run|runs|ran)(?: it)? (?:successfully|fine|without (?:any )?(?:problems?|issues?"
+                       r"|errors?)) (?:in|with|on|under) " + _RELEASE + r"|\b(?:roll(?:ing|ed)? ?back|revert(?:ing|ed)?|downgrad(?:e|ed|ing)) (?:\w+ )?(?:to|from) "
                      + _RELEASE + r"|\b(?:since|after|when) (?:upgrad|updat)\w* (?:\w+ )?(?:to|from) " + _RELEASE
                      + r"|\bwork(?:s|ed|ing)?(?: (?:fine|well|ok))? (?:in|with|on) (?:the )?(?:previous|older|earlier|last) "
                        r"(?:versions?|releases?)")
 _VERSION_CONTRAST_NEEDLES = ("regression", "works in", "worked in", "works with", "worked with", "works on",
                              "worked on", "works fine", "worked fine", "working fine", "rolling back", "roll back",
-                             "rolled back", "rollback", "revert", "downgrad", "upgrad", "updat")
+                             "rolled back", "rollback", "revert", "downgrad", "upgrad", "updat", "successfully with",
+                             "fine with")
 
 SIGNATURES: tuple[Signature, ...] = (
     # --- out of memory (classified later by phase, frames and numbers) ---
@@ -139,6 +141,12 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"404 Client Error.*(?:huggingface\.co|hf\.co)/(?P<path>\S*)",
               cause="The hub has no such file or repository ({path}): check the model id, its revision, and that "
                     "the repository holds the file."),
+    # the same requests error from any other server: a route it does not serve (an old client's API, a wrong path)
+    Signature("http.client_404", C.CONNECTION, "404 client error", 0.7, "requests HTTPError (not the hub)",
+              require=True, pattern=r"404 Client Error: Not Found for url: https?://(?!(?:[\w-]{1,30}\.)?(?:huggingface|hf)"
+                                    r"\.co\b)(?P<url>\S{1,200})",
+              cause="The server answered 404 for {url}: it has no such route. The client speaks another API or "
+                    "version than the server (an old client, a renamed endpoint, a base URL missing or doubling /v1)."),
     Signature("hf.invalid_token", C.MODEL_ACCESS, "invalid username or password", 0.9, "huggingface_hub",
               cause="The Hugging Face token is invalid."),
     Signature("hf.repo_not_found", C.MODEL_ACCESS, "repositorynotfounderror", 0.95, "huggingface_hub/errors.py",
@@ -457,6 +465,11 @@ SIGNATURES: tuple[Signature, ...] = (
               "litellm/llms/vllm.py:validate_environment",
               cause="LiteLLM's vllm/ provider loads vLLM inside the client instead of calling your server: use "
                     "model='hosted_vllm/<model>' (or openai/<model>) with api_base set to the server's /v1 URL."),
+    # ExLlamaV2's auto-split loader (exllamav2/model.py load_autosplit_gen): weights and the cache for the context
+    # length it was given do not fit together
+    Signature("exl2.vram", C.KV_CACHE_TOO_SMALL, "insufficient vram for model and cache", 0.85, "exllamav2/model.py",
+              cause="The weights and the KV cache for the context length asked for do not fit in VRAM together: lower "
+                    "the max sequence length (the cache grows with it), or use a smaller quantization."),
     Signature("py.unexpected_kwarg", C.ENGINE_BUG, "got an unexpected keyword argument", 0.65,
               "CPython Python/ceval.c / Python/getargs.c ('%U() got an unexpected keyword argument %R')", kind="bug",
               cause="Code calls a function with an argument the installed release does not take: mismatched "
