@@ -129,8 +129,9 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # read in the ninth round. collected_n.jsonl was scored once unread after the ninth round's first changes (22/35
 # top-1, 24/35 top-3), then read. collected_o.jsonl, collected the same way during the ninth round, was scored once
 # unread after that round's changes (24/35 top-1, 27/35 top-3), then read. collected_p.jsonl, collected the same way,
-# was scored once unread before that reading (23/35 top-1, 30/35 top-3).
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_p.jsonl")
+# was scored once unread before that reading (23/35 top-1, 30/35 top-3), and collected_q.jsonl (7) after it (4/7,
+# 4/7).
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_p.jsonl", "collected_q.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
                      "collected_k.jsonl", "collected_l.jsonl", "collected_m.jsonl", "collected_n.jsonl",
                      "collected_o.jsonl")
