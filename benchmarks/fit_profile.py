@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from plan_accuracy import (ALL_DATA, contradicts_budget, disturbed, experts_across_gpus, load_records,  # noqa: E402
-                           logged_stage, record_inputs)
+from plan_accuracy import (ALL_DATA, contradicts_budget, disturbed, experts_across_gpus, is_fork,  # noqa: E402
+                           load_records, logged_stage, record_inputs)
 
 from oomguard.engines.vllm import profile  # noqa: E402
 from oomguard.engines.vllm.memory import predict  # noqa: E402
@@ -93,7 +93,7 @@ def linearize_many(fn, names: tuple[str, ...]):
 
 
 def _version_and_engine(r: dict):
-    if not r.get("vllm_version") or "fork" in str(r["vllm_version"]) or "fork" in (r.get("arch_tags") or ()):
+    if not r.get("vllm_version") or is_fork(r):
         return None
     try:
         version = parse_version(r["vllm_version"])

@@ -77,6 +77,11 @@ class Case:
     skip: str | None = None
 
 
+def is_fork(r: dict) -> bool:
+    """A modified vLLM, by its version string or the collector's tag: not the releases the planner models."""
+    return "fork" in str(r.get("vllm_version")) or "fork" in (r.get("arch_tags") or ())
+
+
 def disturbed(r: dict) -> bool:
     """Non-torch memory cannot be negative, nor the KV cache of a run that started: a run that logs so had other
     processes allocate or free GPU memory while vLLM profiled (vLLM's own warning), so none of its figures measures
@@ -168,7 +173,7 @@ def record_inputs(r: dict):
         version = parse_version(r["vllm_version"])
     except UsageError as exc:
         raise LookupError(f"version {r['vllm_version']!r} not modelled") from exc
-    if "fork" in str(r["vllm_version"]) or "fork" in (r.get("arch_tags") or ()):
+    if is_fork(r):
         raise LookupError("a fork of vLLM, not modelled")
     if r.get("outcome") is None:
         raise LookupError("the log does not show whether vLLM started")

@@ -125,10 +125,6 @@ def print_breakdown(console, report: MemoryReport) -> None:
          prov["cuda_graph_gib"]),
         ("available KV cache", w.kv_cache_bytes, prov["kv_cache_gib"]),
     ]
-    if w.sampling_state_bytes:   # model runner V2's penalty counts, in the budget from 0.27
-        rows.insert(5, ("sampler state (model runner V2)" + ("" if report.sampling_state_in_budget else
-                                                             " (outside the budget)"),
-                        w.sampling_state_bytes, prov["sampling_state_gib"]))
     # the parts LoRA, speculative decoding and multimodal inputs take of the figures above, where used
     parts = [("  of which LoRA adapter slots", w.lora_bytes, "exact arithmetic from the LoRA flags", 2),
              ("  of which the drafter", w.speculative_weights_bytes, "speculative decoding's drafter", 2),
@@ -137,6 +133,11 @@ def print_breakdown(console, report: MemoryReport) -> None:
     for label, value, source, after in sorted(parts, key=lambda p: -p[3]):
         if value:
             rows.insert(after, (label, value, source))
+    if w.sampling_state_bytes:   # model runner V2's penalty counts (in the budget from 0.27), above the KV cache
+        kv_row = next(i for i, row in enumerate(rows) if row[0] == "available KV cache")
+        rows.insert(kv_row, ("sampler state (model runner V2)" + ("" if report.sampling_state_in_budget else
+                                                                 " (outside the budget)"),
+                             w.sampling_state_bytes, prov["sampling_state_gib"]))
     for label, value, source in rows:
         table.add_row(label, f"{value / GiB:.2f}", source)
     console.print(table)
