@@ -24,7 +24,7 @@ TABLES = {
 ID_PREFIXES = {
     "vllm": ("vllm.",),
     "llamacpp": ("llamacpp.",),
-    "layers": ("torch.", "nccl.", "cuda.", "ray.", "hf.", "tf.", "tok.", "openai.", "httpx.", "triton.", "anyio.", "xformers.", "os."),
+    "layers": ("torch.", "nccl.", "cuda.", "ray.", "hf.", "tf.", "tok.", "openai.", "httpx.", "triton.", "anyio.", "xformers.", "os.", "deepspeed.", "trl."),
 }
 CLASSES = {c.value for c in FailureClass}   # ../shared/data/README.md's classes
 STAGES = {
@@ -173,6 +173,10 @@ def test_patterns_pull_numbers_from_real_wording():
                                       "buffer maximum of 17179869184", {"size_bytes": 18300780544}),
         "llamacpp.ctx_exceeded": ("request (5000 tokens) exceeds the available context size (4096 tokens), try "
                                   "increasing it", {"prompt_tokens": 5000, "max_model_len": 4096}),
+        "deepspeed.heads_mp_size": ("AssertionError: num_heads (52) must be divisible by mp_size (8)",
+                                    {"num_attention_heads": 52, "tensor_parallel_size": 8}),
+        "llamacpp.python_scores_past_ctx": ("ValueError: could not broadcast input array from shape (32000,) into "
+                                            "shape (0,)", {"n_vocab": 32000}),
         "nccl.watchdog": ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=64214, "
                           "OpType=ALLGATHER, NumelIn=1, NumelOut=32, Timeout(ms)=600000) ran for 600081 milliseconds "
                           "before timing out.", {"op_type": "ALLGATHER", "timeout_ms": 600000, "ran_ms": 600081}),

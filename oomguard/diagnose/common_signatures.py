@@ -40,6 +40,9 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"(?-i:(?:^|(?<=[\s(\[:,'\"]))OOM(?:s|ed|ing)?(?=[\s).,:;!?'\"\]]|$))"),  # the upper-case word
     Signature("cublas.alloc", C.OOM_RUNTIME, "cublas_status_alloc_failed", 0.7, "cuBLAS", kind="oom"),
     Signature("cuda.oom_enum", C.OOM_RUNTIME, "cuda_error_out_of_memory", 0.75, "CUDA driver API", kind="oom"),
+    # cublasCreate fails this way when the GPU has no memory left for cuBLAS's handle and workspace
+    Signature("cublas.not_initialized", C.OOM_RUNTIME, "cublas_status_not_initialized", 0.6,
+              "cuBLAS (cublasCreate; torch/cuda/blas.cpp getCurrentCUDABlasHandle)", kind="oom"),
     # --- other processes / exclusive mode ---
     Signature("prose.not_enough_free", C.GPU_MEMORY_IN_USE, "enough free", 0.55, "a person's words", require=True,
               pattern=r"not enough free (?:gpu |vram |device )?memory",

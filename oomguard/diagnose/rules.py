@@ -87,6 +87,9 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
                                                          "profiled memory"
     if phase == "capturing":
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.82, "it happened while vLLM captured CUDA graphs"
+    if phase == "captured":
+        return FailureClass.OOM_PROFILING_OR_GRAPH, 0.8, "it happened after CUDA graph capture, in the warm-up " \
+                                                        "before the server is up"
     if phase in ("ready", "serving"):
         return FailureClass.OOM_RUNTIME, 0.82, "it happened after startup, while serving"
     if str(facts.get("dtype", "")).lower() in ("float", "float32"):
@@ -255,7 +258,8 @@ def _is_prose(scanner: Scanner) -> bool:
 # the startup phases (engines/vllm/startup_log.py, engines/llamacpp/signatures.py) an engine's log can stop in
 # without saying the server is up
 _STARTING = {"loading": "loading the model's weights", "weights_loaded": "after loading the weights, before or during "
-             "the memory profile", "profiled": "after sizing the KV cache", "capturing": "while capturing CUDA graphs"}
+             "the memory profile", "profiled": "after sizing the KV cache", "capturing": "while capturing CUDA graphs",
+             "captured": "after capturing CUDA graphs, in the warm-up that follows"}
 
 
 def _stopped_while_starting(scanner: Scanner) -> Finding:
@@ -478,7 +482,7 @@ def _evidence_for(scanner: Scanner, oom_numbers: dict) -> dict:
     phases = scanner.phase_seen | scanner.phase_hints
     if phases & {"loading"}:
         signs.setdefault(C.OOM_WEIGHTS_LOAD, "shows the weights loading")
-    if phases & {"weights_loaded", "profiled", "capturing", "startup"}:
+    if phases & {"weights_loaded", "profiled", "capturing", "captured", "startup"}:
         signs.setdefault(C.OOM_PROFILING_OR_GRAPH, "shows startup profiling or graph capture")
     if phases & {"ready", "serving"}:
         signs.setdefault(C.OOM_RUNTIME, "shows the server serving")

@@ -89,7 +89,9 @@ ENGINE_CONFIG_KEYS = ("model", "tokenizer", "dtype", "max_seq_len", "tensor_para
                       "chunked_prefill_enabled", "disable_custom_all_reduce", "served_model_name")
 
 # startup phases, in order; a needle moves the run to that phase (a new API-server banner starts a new run)
-PHASES = ("start", "loading", "weights_loaded", "profiled", "capturing", "ready", "serving")
+# "captured": graphs are done but the warm-up that follows (gpu_worker.compile_or_warm_up_model: the sampler dummy
+# run) is still startup; only "init engine ... took" says the engine is up
+PHASES = ("start", "loading", "weights_loaded", "profiled", "capturing", "captured", "ready", "serving")
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("vllm api server version", "start"),
     ("starting to load model", "loading"),
@@ -107,7 +109,7 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("capturing cudagraph", "capturing"),
     ("capturing cuda graph", "capturing"),
     ("capturing the model for cuda graphs", "capturing"),
-    ("graph capturing finished", "ready"),
+    ("graph capturing finished", "captured"),
     ("init engine (profile, create kv cache, warmup model) took", "ready"),
     ("application startup complete", "serving"),
     ("uvicorn running on", "serving"),
