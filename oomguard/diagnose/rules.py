@@ -212,6 +212,8 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
         host_kill = _host_memory_kill(scanner) if cls == oom_class else None
         if host_kill is not None:
             summary, fixes = host_kill.describe(numbers), list(_HOST_MEMORY_FIXES)
+        elif hits and hits.best and hits.best.id in KERNEL_OOM_KILLS:
+            summary, fixes = hits.best.describe(numbers), list(_KERNEL_OOM_FIXES)
         finding = Finding(cls, min(weight, 0.99), summary, _evidence(hits, extra), fixes, numbers=numbers)
         if cls == oom_class and oom_why and cls.startswith("oom_"):
             finding.notes.append(f"placed as {cls} because {oom_why}")
@@ -603,6 +605,15 @@ _HOST_MEMORY_FIXES = [
         action="lower --cpu-offload-gb / --swap-space, or disable sleep mode"),
     Fix("Ray kills at 95% of host RAM by default", action="RAY_memory_usage_threshold raises the kill threshold "
         "(the kernel's OOM killer still applies)")]
+
+
+# The kernel's OOM killer (diagnose/layer_messages.json os.*): host RAM ran out, most often with weights in it
+KERNEL_OOM_KILLS = frozenset({"os.oom_killer_unit", "os.oom_kill_result", "os.oom_killed_process"})
+_KERNEL_OOM_FIXES = [
+    Fix("host RAM ran out, not the GPU's: less of the model in RAM", action="a smaller quantization, or more layers on "
+        "the GPU (llama.cpp -ngl, Ollama num_gpu; vLLM: lower --cpu-offload-gb / --swap-space)"),
+    Fix("the kernel kills the largest process when RAM and swap are full", action="add RAM or swap, or raise the "
+        "container's memory limit (exit code 137 is its kill)")]
 
 
 def _known_regressions(scored: list, facts: dict) -> None:

@@ -809,21 +809,30 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
                                                   gpu.multiprocessors, runner_v2=runner_v2, logits_bytes=act_bytes),
                        rejection)
     risks: list[str] = []
-    # what the fitted figures under the KV cache may miss by: the warm-up's verdict is no surer than they are
-    warmup_margin = _estimate_margin(("activation_peak", "non_torch", "cuda_graph"), measured_names)
+    # What the fitted figures may miss the memory free at the warm-up by: the warm-up's verdict is no surer than they
+    # are. The budget fills to the requested memory whatever non-torch figure vLLM measures (a larger one takes it
+    # from the KV cache), so only the activation peak (freed before the warm-up), the graphs and what is in use before
+    # vLLM's snapshot move what is left. `less`: the free memory may be that much smaller; `more`: that much larger.
+    # (on ROCm the HIP-graph figure's own miss replaces CUDA's, below)
+    less = more = _estimate_margin(("activation_peak",) + (() if platform.rocm else ("cuda_graph",)), measured_names)
+    if engine == "v1" and tp * pp > 1 and gpu.interconnect == "pcie" and free_memory_bytes is None:
+        less += int(profile.PCIE_NCCL_SPREAD_GIB * GiB)   # NCCL's device buffers over PCIe vary by transport
     # what the platform adds to those misses: ROCm's measured on held-out R9700 runs (profile.RocmFit), below and
     # above the predicted KV memory; another vendor's the spread ROCm showed before it was modelled
     if platform.rocm:
         below, above = int(rocm.kv_below_gib * GiB), int(rocm.kv_above_gib * GiB)
         if measured_names:   # the measured start may have been one that took more: the next may take less
             above = below
-        warmup_margin += int(rocm.graph_margin_gib * GiB)
+        less += int(rocm.graph_margin_gib * GiB)
+        # a start that takes more for its profile (the KV range's low end) frees that much more for the warm-up
+        more += int(rocm.graph_margin_gib * GiB) + below
         notes.append(f"ROCm: the weights, profile and HIP-graph figures add what R9700 starts measured beyond vLLM's "
                      f"arithmetic; starts of one setup differ by up to {rocm.kv_below_gib} GiB, so the KV range "
                      f"allows {rocm.kv_below_gib} GiB below and {rocm.kv_above_gib} GiB above")
     else:
         below = above = int(profile.UNCALIBRATED_PLATFORM_GIB * GiB) if gpu.vendor != "nvidia" else 0
-        warmup_margin += below
+        less += below
+        more += below
         if below:
             notes.append(f"the activation, non-torch and graph figures are fitted on NVIDIA startups; on {gpu.name} "
                          f"they may move by up to {profile.UNCALIBRATED_PLATFORM_GIB} GiB, so the KV range and the "
@@ -832,17 +841,19 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
             and requested > gpu.free_at_start_low_bytes):
         risks.append(f"the start-up free-memory check: {_gib(requested)} GiB requested, while as little as "
                      f"{_gib(gpu.free_at_start_low_bytes)} GiB has been free at start on this unified-memory GPU")
-    if error is None and engine == "v1" and headroom < sampler_need <= headroom + warmup_margin:
+    if error is None and engine == "v1" and headroom - less < sampler_need <= headroom + more:
         risks.append(f"the sampler warm-up after the KV cache is allocated: {_gib(sampler_need)} GiB needed, "
                      f"{_gib(headroom)} GiB predicted free")
     if error is None and engine == "v1" and headroom < sampler_need:
         error, error_class = messages.sampler_warmup_oom(num_reqs), FailureClass.OOM_PROFILING_OR_GRAPH
     headroom -= sampler_need if engine == "v1" else 0
-    # PyTorch's allocator keeps freed blocks of the profile run cached, and vLLM's budget (the allocated peak,
-    # gpu_worker.determine_available_memory) does not count them, so the warm-up finds less than vLLM planned. On the
-    # 61 vLLM 0.19 H100 startups of llm-d-planner's sweep (commit d3121e0) they were 0.16-2.35 GiB (free at start -
-    # weights - non-torch - "Free memory after profiling"), varying between identical runs, never above 98% of the
-    # activation peak; gpt-oss-20b at 0.95 OOMed warming up the sampler with 2.02 GiB of them (record 059).
+    # PyTorch's allocator holds memory vLLM's figures do not count: weights and the non-torch figure are measured as
+    # allocated bytes, so free space inside partly used segments (left by weight processing after loading, and by the
+    # profile run when no graph capture empties the cache) is nobody's, and the warm-up finds less than vLLM planned.
+    # On the 61 vLLM 0.19 H100 startups of llm-d-planner's sweep (commit d3121e0) 0.16-2.35 GiB was held so after the
+    # profile run (free at start - weights - non-torch - "Free memory after profiling"), varying between identical
+    # runs, never above 98% of the activation peak; gpt-oss-20b at 0.95 OOMed warming up the sampler with about
+    # 1.8 GiB short (records 059, col-d-023; 1.62 GiB "reserved but unallocated" in the second's OOM message).
     cached = max(w.activation_peak_bytes for w in workers)
     # A warning, not a verdict: no figure known before launch separates the runs that failed here from those that
     # started with less to spare (benchmarks/plan_accuracy.py, README "Accuracy on real vLLM startups").
@@ -850,9 +861,9 @@ def predict(model: ModelSpec, gpu: GpuSpec, cfg: EngineConfig, version: Version,
         deficit = cached - headroom
         fix = (f"--kv-cache-memory-bytes {cfg.kv_cache_memory_bytes - deficit}" if cfg.kv_cache_memory_bytes else
                f"--gpu-memory-utilization {math.floor((util - deficit / total) * 100) / 100:.2f}")
-        warnings.append(f"only {_gib(headroom)} GiB stays free after the sampler warm-up, while PyTorch can keep up to "
-                        f"the profile run's {_gib(cached)} GiB of activations cached, which vLLM does not count: the "
-                        f"warm-up can OOM. Use {fix} or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+        warnings.append(f"only {_gib(headroom)} GiB stays free after the sampler warm-up, while PyTorch can hold up to "
+                        f"{_gib(cached)} GiB (the profile run's peak) in blocks vLLM does not count: the warm-up can "
+                        f"OOM. Use {fix} or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
     elif error is None and headroom < 0.5 * GiB:
         warnings.append(f"only {_gib(headroom)} GiB stays free once vLLM is up: a burst or fragmentation can OOM; "
                         "lower --gpu-memory-utilization")

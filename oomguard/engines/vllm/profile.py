@@ -45,6 +45,10 @@ LAMPORT_COMM_MAX = 2**31 - ALLOCATION_PAGE   # flashinfer/comm/trtllm_ar.py MAX_
 CUSTOM_ALL_REDUCE_GIB = 18 / 1024   # custom_all_reduce.py: two cudaMalloc'd 8 MiB buffers (meta, data), 10 + 8 MiB
 PCIE_NCCL_GIB = 0.05           # TP over PCIe: no custom all-reduce, symmetric memory or FlashInfer workspace; NCCL
                                # keeps its P2P/SHM buffers (4 MiB x channels x peers) and little else on the device
+# ... but how much it keeps there varies with the transport it picks (P2P where the cards allow it, else shared
+# memory) and its channels: TP-over-PCIe starts logged 0.38-1.13 GiB in use at vLLM's snapshot (free at start), up to
+# this much above context_gib + PCIE_NCCL_GIB, and vLLM counts none of it: the warm-up verdict allows for it
+PCIE_NCCL_SPREAD_GIB = 0.55
 
 
 def sampler_bytes_per_logit(version: Version, num_reqs: int, flashinfer: bool = False) -> int:
