@@ -46,6 +46,27 @@ def test_qwen2_5_vl_vision_tower_is_counted_exactly():
     assert from_catalog("Qwen/Qwen2.5-VL-7B-Instruct").vision.params == 8_292_166_656 - 7_615_616_512
 
 
+def test_qwen2_5_vl_saved_with_a_text_config_is_the_same_model():
+    # newer transformers save Qwen2(.5)-VL's language-model fields under text_config (model_type qwen2_5_vl_text),
+    # as olmOCR-2-7B-1025 is published; the model is the same as the flat config's
+    import json
+    from pathlib import Path
+
+    entry = json.loads((Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog" /
+                        "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    flat = entry["config"] if isinstance(entry["config"], dict) else json.loads(entry["config"])
+    text_keys = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "rope_theta", "rms_norm_eps", "vocab_size",
+                 "sliding_window", "use_sliding_window", "max_window_layers", "rope_scaling", "tie_word_embeddings"}
+    nested = {k: v for k, v in flat.items() if k not in text_keys}
+    nested["text_config"] = {"model_type": "qwen2_5_vl_text", **{k: v for k, v in flat.items() if k in text_keys}}
+    a, b = parse_config(flat, "Qwen/Qwen2.5-VL-7B-Instruct"), parse_config(nested, "allenai/olmOCR-2-7B-1025")
+    fields = ("num_layers", "hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+              "derived_max_model_len", "tie_word_embeddings")
+    assert [getattr(b, f) for f in fields] == [getattr(a, f) for f in fields]
+    assert b.vision.params == a.vision.params
+
+
 def test_qwen2_vl_tower_width_is_embed_dim_not_hidden_size():
     # Qwen2-VL's vision_config names the tower width embed_dim; its hidden_size is the merger's output width
     vision = {"depth": 32, "embed_dim": 1280, "hidden_size": 3584, "hidden_act": "quick_gelu", "mlp_ratio": 4,

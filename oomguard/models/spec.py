@@ -46,6 +46,7 @@ MODELLED_TYPES = {
     "kimi_vl", "gpt_oss", "llama4", "llama4_text", "mllama", "mllama_text_model", "mistral3", "glm4", "glm4_moe",
     "glm4v", "glm4v_text", "glm4v_moe", "glm4v_moe_text", "internlm2", "minimax_m2", "olmo2", "olmoe", "mimo",
     "smollm3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text",
+    "qwen2_vl_text", "qwen2_5_vl_text",   # Qwen2(.5)-VL saved by newer transformers: the LM's fields in text_config
     "kimi_k25", "nemotron_h", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
     "granite",   # models/granite.py: Llama's layers (gated SiLU MLP, GQA) with scalar multipliers, no more memory
     "gemma4", "gemma4_text", "deepseek_v32", "glm_moe_dsa", "olmo3", "ernie4_5_moe",
