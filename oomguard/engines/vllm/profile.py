@@ -113,7 +113,7 @@ class RocmFit:
     graph_gib: float = 0.354
     # the available KV memory the AMD runs logged fell this far below and above the prediction (the widest misses of
     # the held-out runs and of the fitting folder's scatter around its medians, so that an at-risk range holds every
-    # start seen): ROCm starts of one setup differ by up to 3 GiB (benchmarks/measured_repeat.py), by taking more
+    # start seen): ROCm starts of one setup differ by up to 2.6 GiB (benchmarks/measured_repeat.py), by taking more
     # than the quiet runs the medians come from
     kv_below_gib: float = 4.47
     kv_above_gib: float = 0.58
