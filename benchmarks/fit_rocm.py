@@ -79,8 +79,8 @@ def fit() -> dict:
     misses = [c.predicted["kv_cache_memory_gib"] - c.record["kv_cache_memory_gib"] for c in scored
               if c.record.get("kv_cache_memory_gib") is not None]
     graph_misses = [abs(d) for d in residuals(scored)["graph"]]
-    fitted = replace(fitted, kv_below_gib=round(max([max(d, 0.0) for d in misses]), 2),
-                     kv_above_gib=round(max([max(-d, 0.0) for d in misses]), 2),
+    fitted = replace(fitted, kv_below_gib=round(max(max(misses), 0.0), 2),
+                     kv_above_gib=round(max(-min(misses), 0.0), 2),
                      graph_margin_gib=round(_pct(graph_misses, 0.9), 2))
     final = amd(run_records(records, rocm=fitted))
     split = {"train": [c for c in final if is_train(c.record)], "held_out": [c for c in final if not is_train(c.record)]}

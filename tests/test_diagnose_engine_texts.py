@@ -556,3 +556,34 @@ def test_a_certificate_the_client_cannot_verify_is_the_connection_not_the_model(
     assert top(text)["class"] == "connection"
     assert top("requests.exceptions.SSLError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed "
                "certificate in certificate chain (_ssl.c:1006)")["class"] == "connection"
+
+
+# --- eleventh round: the host's OOM killer, the layers' parallel checks, ggml builds, the warm-up after capture ---
+
+def test_the_kernels_oom_killer_is_host_ram_with_host_fixes():
+    text = ("Feb 24 11:16:31 adl systemd[1]: ollama.service: A process of this unit has been killed by the OOM killer.\n"
+            "Feb 24 11:16:32 adl systemd[1]: ollama.service: Failed with result 'oom-kill'.")
+    finding = top(text)
+    assert finding["class"] == "oom_weights_load"
+    assert "RAM" in actions(finding) + finding["summary"]
+    assert "--tensor-parallel-size" not in flags(finding)   # the GPU's fixes do not free host RAM
+
+
+def test_deepspeeds_head_check_is_the_parallel_layout():
+    finding = top("AssertionError: num_heads (52) must be divisible by mp_size (8)")
+    assert finding["class"] == "tp_misconfig"
+
+
+def test_a_ggml_build_without_the_gpus_arch_is_the_build():
+    finding = top("/root/llama.cpp/ggml/src/ggml-cuda/common.cuh:112: ggml was not compiled with any CUDA arch <= 750")
+    assert finding["class"] == "engine_bug"
+
+
+@pytest.mark.parametrize("tail,expected", [
+    ("", "unknown"),   # stops there: still starting, or killed from outside; never "no problem"
+    ("\nERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 786.00 MiB.", "oom_profiling_or_graph"),
+])
+def test_after_graph_capture_vllm_is_still_starting(tail, expected):
+    text = ("INFO 04-22 19:53:57 [gpu_worker.py:436] Available KV cache memory: 63.28 GiB\n"
+            "INFO 04-22 19:54:39 [gpu_model_runner.py:6046] Graph capturing finished in 42 secs, took 1.55 GiB" + tail)
+    assert top(text)["class"] == expected

@@ -1,5 +1,8 @@
 """config.json fields that transformers' config classes supply by default are part of the model."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from oomguard.models.spec import parse_config
@@ -25,12 +28,13 @@ def test_defaults_apply_without_a_nested_model_type():
     assert parse_config(config, "x/y").num_heads == 8
 
 
-def test_gemma2_ties_embeddings_when_the_config_is_silent():
-    import json
-    from pathlib import Path
+def catalog_entry(name: str) -> dict:
+    return json.loads((Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog" / f"{name}.json")
+                      .read_text())
 
-    entry = json.loads((Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog" /
-                        "google--gemma-2-9b-it.json").read_text())
+
+def test_gemma2_ties_embeddings_when_the_config_is_silent():
+    entry = catalog_entry("google--gemma-2-9b-it")
     assert "tie_word_embeddings" not in entry["config"]      # as published
     assert parse_config(entry["config"], entry["id"]).tie_word_embeddings
     llama = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -49,11 +53,7 @@ def test_qwen2_5_vl_vision_tower_is_counted_exactly():
 def test_qwen2_5_vl_saved_with_a_text_config_is_the_same_model():
     # newer transformers save Qwen2(.5)-VL's language-model fields under text_config (model_type qwen2_5_vl_text),
     # as olmOCR-2-7B-1025 is published; the model is the same as the flat config's
-    import json
-    from pathlib import Path
-
-    entry = json.loads((Path(__file__).resolve().parents[1] / "oomguard" / "models" / "catalog" /
-                        "Qwen--Qwen2.5-VL-7B-Instruct.json").read_text())
+    entry = catalog_entry("Qwen--Qwen2.5-VL-7B-Instruct")
     flat = entry["config"] if isinstance(entry["config"], dict) else json.loads(entry["config"])
     text_keys = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "num_key_value_heads", "max_position_embeddings", "rope_theta", "rms_norm_eps", "vocab_size",
