@@ -587,3 +587,61 @@ def test_after_graph_capture_vllm_is_still_starting(tail, expected):
     text = ("INFO 04-22 19:53:57 [gpu_worker.py:436] Available KV cache memory: 63.28 GiB\n"
             "INFO 04-22 19:54:39 [gpu_model_runner.py:6046] Graph capturing finished in 42 secs, took 1.55 GiB" + tail)
     assert top(text)["class"] == expected
+
+
+# --- twelfth round: a llama.cpp older than its GGUF, backends without a kernel, HCCL, builds without the GPU's arch --
+
+@pytest.mark.parametrize("text", [
+    "llama_model_load: error loading model: create_tensor: tensor 'blk.0.ffn_gate.0.weight' not found",
+    "error loading model: check_tensor_dims: tensor 'blk.0.attn_q.weight' has wrong shape; expected  4096,  4096, "
+    "got  4096,  3072,     1,     1",
+])
+def test_a_gguf_the_llama_cpp_build_cannot_lay_out_is_a_release_mismatch(text):
+    assert top(text)["class"] == "engine_bug"
+
+
+def test_a_backend_without_the_kernel_for_a_tensor_is_the_backends_capability():
+    # ggml-backend.cpp ggml_backend_sched_backend_id_from_cur: GGML_ABORT("pre-allocated tensor (%s) in a buffer (%s)
+    # that cannot run the operation (%s)")
+    text = ("ggml/src/ggml-backend.cpp:750: pre-allocated tensor (cache_k_l0 (view)) in a buffer (Vulkan0) that "
+            "cannot run the operation (CPY)")
+    assert top(text)["class"] == "dtype_capability"
+    assert top("llama_init_from_model: V cache quantization requires flash_attn")["class"] == "quantization_mismatch"
+
+
+def test_hccl_is_the_collective_library_on_ascend():
+    text = ("RuntimeError: create_config:build/CMakeFiles/torch_npu.dir/compiler_depend.ts:102 HCCL function error: "
+            "hcclCommInitRootInfoConfig(numRanks, &rootInfo, rank, config, &(comm->hcclComm_)), error code is 7")
+    assert top(text)["class"] == "nccl"
+
+
+@pytest.mark.parametrize("text", [
+    ":1:hip_fatbin.cpp           :109 : 0123 us:  No compatible code objects found for: gfx1103, value of "
+    "HIP_FORCE_SPIRV_CODEOBJECT: 0",
+    "ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'",
+])
+def test_a_toolchain_without_the_gpus_architecture_is_the_gpu_generation(text):
+    assert top(text)["class"] == "dtype_capability"
+
+
+def test_vllm_custom_all_reduce_failing_a_cuda_call_suggests_nccls_all_reduce():
+    finding = top("Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:336 'invalid argument'")
+    assert finding["class"] == "engine_bug"
+    assert flags(finding)["--disable-custom-all-reduce"] is True
+
+
+def test_vllm_0_3_resolving_dns_google_for_its_address_suggests_vllm_host_ip():
+    text = ('  File "vllm/utils.py", line 176, in get_ip\n    s.connect(("dns.google", 80))  # Doesn\'t need to be '
+            'reachable\nsocket.gaierror: [Errno -3] Temporary failure in name resolution')
+    finding = top(text)
+    assert finding["class"] == "engine_bug"
+    assert "VLLM_HOST_IP" in flags(finding)
+
+
+def test_an_npu_oom_inside_the_request_path_is_runtime():
+    # vllm-ascend model_runner_v1.py: execute_model -> _process_reqs builds the batch's attention mask
+    text = ('  File "vllm_ascend/worker/model_runner_v1.py", line 988, in _process_reqs\n'
+            '    self.attn_mask = self._make_attention_mask(\n'
+            'RuntimeError: NPU out of memory. Tried to allocate 23.16 GiB (NPU 3; 60.96 GiB total capacity; 53.27 GiB '
+            'already allocated; 5.36 GiB free; 54.01 GiB reserved in total by PyTorch)')
+    assert top(text)["class"] == "oom_runtime"

@@ -24,7 +24,7 @@ TABLES = {
 ID_PREFIXES = {
     "vllm": ("vllm.",),
     "llamacpp": ("llamacpp.",),
-    "layers": ("torch.", "nccl.", "cuda.", "ray.", "hf.", "tf.", "tok.", "openai.", "httpx.", "triton.", "anyio.", "xformers.", "os.", "deepspeed.", "trl.", "langchain."),
+    "layers": ("torch.", "nccl.", "cuda.", "ray.", "hf.", "tf.", "tok.", "openai.", "httpx.", "triton.", "anyio.", "xformers.", "os.", "deepspeed.", "trl.", "langchain.", "hccl.", "hip."),
 }
 CLASSES = {c.value for c in FailureClass}   # ../shared/data/README.md's classes
 STAGES = {

@@ -557,6 +557,12 @@ def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") ->
     fixes: list[Fix] = []
     if ids & {"torch.dynamo", "torch.backend_compiler", "torch.inductor", "triton.compile"}:
         fixes.append(Fix("skips torch.compile and CUDA graphs, where the failure is", "--enforce-eager", True))
+    if "vllm.custom_all_reduce_cuda_call" in ids:
+        fixes.append(Fix("tensor parallelism then all-reduces through NCCL instead of vLLM's CUDA IPC buffers",
+                         "--disable-custom-all-reduce", True))
+    if "vllm.get_ip_dns" in ids:
+        fixes.append(Fix("vLLM then skips resolving an outside host name to find its own address", "VLLM_HOST_IP",
+                         "<this host's IP address>"))
     version = facts.get("vllm_version")
     fixes.append(Fix("this is a defect in the engine, not your configuration",
                      action=f"upgrade vLLM{f' (running {version})' if version else ''}, or pin the last release "

@@ -163,6 +163,7 @@ RUNTIME_FRAMES = frozenset({
     "_sample", "sample_tokens", "_prepare_inputs", "execute_model_async", "_execute_model", "_model_forward",
     "compute_logits", "_run_engine", "generate",
     "engine_step", "step_async", "run_engine_loop",   # engine/async_llm_engine.py: V0's serving loop
+    "_process_reqs",   # vllm-ascend worker/model_runner_v1.py: execute_model's batch preparation (its dummy run skips it)
 })
 
 
