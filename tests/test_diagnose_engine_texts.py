@@ -645,3 +645,31 @@ def test_an_npu_oom_inside_the_request_path_is_runtime():
             'RuntimeError: NPU out of memory. Tried to allocate 23.16 GiB (NPU 3; 60.96 GiB total capacity; 53.27 GiB '
             'already allocated; 5.36 GiB free; 54.01 GiB reserved in total by PyTorch)')
     assert top(text)["class"] == "oom_runtime"
+
+
+# llm/server.go: the runner's placement and the host's memory, logged before the runner starts
+_OLLAMA_PLACEMENT = (
+    'level=INFO source=server.go:135 msg="system memory" total="62.6 GiB" free="{free}" free_swap="0 B"\n'
+    'level=INFO source=server.go:168 msg=offload library=cuda layers.requested=-1 layers.model=49 layers.offload=4 '
+    'layers.split="" memory.available="[11.4 GiB]" memory.gpu_overhead="0 B" memory.required.full="68.3 GiB" '
+    'memory.required.partial="10.9 GiB" memory.required.kv="2.2 GiB" memory.required.allocations="[10.9 GiB]"\n')
+
+
+def test_ollama_layers_left_in_host_ram_beyond_what_is_free_are_the_weights_in_host_ram():
+    finding = top(_OLLAMA_PLACEMENT.format(free="52.0 GiB"))
+    assert finding["class"] == "oom_weights_load"
+    assert "57.4 GiB" in finding["summary"] and "4 of the model's 49 layers" in finding["summary"]
+    assert "smaller quantization" in actions(finding)
+
+
+def test_ollama_layers_in_host_ram_with_room_to_spare_are_no_failure():
+    findings = diagnose_text(_OLLAMA_PLACEMENT.format(free="120.0 GiB"), use_planner=False).to_dict()["findings"]
+    assert not [f for f in findings if f["class"] == "oom_weights_load"]
+
+
+def test_the_oom_killer_after_such_a_placement_carries_its_numbers():
+    text = _OLLAMA_PLACEMENT.format(free="40.1 GiB") + \
+        "systemd[1]: ollama.service: A process of this unit has been killed by the OOM killer.\n"
+    finding = top(text)
+    assert finding["class"] == "oom_weights_load"
+    assert any("57.4 GiB" in note for note in finding["notes"])

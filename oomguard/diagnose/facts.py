@@ -169,6 +169,7 @@ def build(raw: dict, engines: set[str]) -> tuple[StartupFacts, dict | None]:
         facts.setdefault("gpu_name", raw["llamacpp_device"]["name"].strip())
         facts["compute_capability"] = raw["llamacpp_device"]["cc"]
     _llamacpp(raw, facts)
+    _ollama(raw, facts)
     command = parse_serve_command(raw["serve_command"]["v"], need_path=True) if "serve_command" in raw else None
     if command:   # what vLLM itself printed still wins over the command's flags
         facts["serve_command"] = raw["serve_command"]["v"].strip()[:2000]
@@ -277,6 +278,21 @@ def _llamacpp(raw: dict, facts: dict) -> None:
                       ("llamacpp_compute_buffer", "compute_buffer_gib")):
         if name in raw:
             facts.setdefault(key, round(float(raw[name]["mib"]) / 1024, 2))
+
+
+def _ollama(raw: dict, facts: dict) -> None:
+    """The server's placement line (llm/server.go): layers on the GPU of the model's, the memory the whole model and
+    the GPUs' part need, the VRAM free, and the host's free RAM and swap; sizes in GiB, summed over the GPUs."""
+    from oomguard.diagnose.oom import gib
+    for name, key in (("ollama_layers_model", "model_layers"), ("ollama_layers_offload", "gpu_layers_offloaded")):
+        if name in raw:
+            facts.setdefault(key, int(raw[name]["v"]))
+    for name, key in (("ollama_vram_available", "gpu_free_gib"), ("ollama_required_full", "memory_required_gib"),
+                      ("ollama_required_allocations", "gpu_required_gib"), ("ollama_ram_free", "host_ram_free_gib"),
+                      ("ollama_swap_free", "host_swap_free_gib")):
+        sizes = re.findall(r"([\d.]+) ?([KMGT]?i?B)\b", raw[name]["v"], re.I) if name in raw else []
+        if sizes:
+            facts.setdefault(key, round(sum(gib(value, unit) for value, unit in sizes), 2))
 
 
 def _jsonable(value) -> bool:

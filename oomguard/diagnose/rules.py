@@ -228,6 +228,7 @@ def build_findings(scanner: Scanner, facts: dict) -> list[Finding]:
     scored = _precedence(scored, generic, network_lines)
     _crash_after_oom(scored, oom_class)
     _known_regressions(scored, facts)
+    _layers_in_host_ram(scored, facts)
     if scanner.error_lines:
         _fewer_gpus_than_ranks(scored, facts)
     scored.sort(key=lambda s: (-s[0], s[1]))
@@ -614,6 +615,39 @@ _KERNEL_OOM_FIXES = [
         "the GPU (llama.cpp -ngl, Ollama num_gpu; vLLM: lower --cpu-offload-gb / --swap-space)"),
     Fix("the kernel kills the largest process when RAM and swap are full", action="add RAM or swap, or raise the "
         "container's memory limit (exit code 137 is its kill)")]
+
+
+def _layers_in_host_ram(scored: list, facts: dict) -> None:
+    """Ollama's placement line: what does not fit the GPUs runs from host RAM, unmapped where free RAM is short of
+    the model (llm/server.go NewLlamaServer passes --no-mmap then), so the kernel kills the runner when the CPU's part
+    nears the RAM and swap free. Ollama itself refuses only above them (its "requires more system memory" check)."""
+    full, on_gpus = facts.get("memory_required_gib"), facts.get("gpu_required_gib")
+    ram = facts.get("host_ram_free_gib")
+    if not (full and on_gpus is not None and ram is not None):
+        return
+    in_ram, room = full - on_gpus, ram + (facts.get("host_swap_free_gib") or 0.0)
+    if in_ram < 0.9 * room:
+        return
+    layers, offloaded = facts.get("model_layers"), facts.get("gpu_layers_offloaded")
+    placed = f"{offloaded} of the model's {layers} layers" if layers and offloaded is not None else "part of the model"
+    summary = (f"Ollama put {placed} on the GPU ({on_gpus:.1f} GiB); the other {in_ram:.1f} GiB of the "
+               f"{full:.1f} GiB it needs go to host RAM, {'more than' if in_ram > room else 'nearly all of'} the "
+               f"{room:.1f} GiB of RAM and swap free: the runner is killed when host memory runs out while it loads.")
+    fixes = [Fix(f"the model, context included, must fit the {on_gpus:.1f} GiB on the GPU and the RAM free",
+                 action=f"pull a smaller quantization or model (under about {on_gpus + 0.8 * room:.0f} GiB in all; "
+                        f"under {on_gpus:.0f} GiB it runs on the GPU alone)"),
+             Fix(f"{in_ram - 0.8 * room:.1f} GiB more host memory would hold the CPU's part",
+                 action="close other programs, add swap or RAM"),
+             Fix("a shorter context needs less memory on both", action="lower num_ctx")]
+    weight = 0.8 if in_ram > room else 0.65
+    for at, (other_weight, line, finding, kind) in enumerate(scored):
+        if finding.cls == FailureClass.OOM_WEIGHTS_LOAD:   # the kill itself was read: these are its numbers
+            finding.notes.append(summary)
+            finding.fixes[:0] = fixes[:2]
+            scored[at] = (max(weight, other_weight), line, finding, kind)
+            return
+    scored.append((weight, 0, Finding(FailureClass.OOM_WEIGHTS_LOAD, weight, summary, [], fixes,
+                                      notes=["from Ollama's placement and system memory lines"]), "oom"))
 
 
 def _known_regressions(scored: list, facts: dict) -> None:

@@ -191,7 +191,7 @@ def _needles() -> tuple[dict[str, list], Matcher]:
     handlers: dict[str, list] = {}
     for sig in ALL_SIGNATURES:
         handlers.setdefault(sig.needle, []).append(("sig", sig))
-    for name, needle, regex in startup_log.FACTS + llamacpp_signatures.FACTS:
+    for name, needle, regex in startup_log.FACTS + llamacpp_signatures.FACTS + ollama_signatures.FACTS:
         handlers.setdefault(needle, []).append(("fact", (name, regex)))
     for needle, phase in startup_log.PHASE_MARKERS + llamacpp_signatures.PHASE_MARKERS:
         handlers.setdefault(needle, []).append(("phase", phase))
