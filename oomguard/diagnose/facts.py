@@ -340,7 +340,7 @@ def warnings(facts: dict) -> list[str]:
                    f"--max-model-len to what requests need")
     if facts.get("model_layers") and facts.get("gpu_layers_offloaded", 0) < facts["model_layers"]:
         out.append(f"only {facts['gpu_layers_offloaded']}/{facts['model_layers']} layers are on the GPU; the rest run "
-                   "on the CPU (slow): raise -ngl or use a smaller quantization")
+                   "on the CPU (slow): raise -ngl (Ollama: num_gpu) or use a smaller quantization")
     return out
 
 

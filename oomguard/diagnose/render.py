@@ -13,6 +13,7 @@ _FACT_ORDER = ("engine", "vllm_version", "model", "gpu_name", "total_gpu_memory_
                "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching", "attention_backend", "weights_gib",
                "activation_peak_gib", "non_torch_gib", "cuda_graph_gib", "available_kv_gib", "kv_cache_tokens",
                "num_gpu_blocks", "max_concurrency", "serve_command", "n_ctx", "n_ctx_slot", "n_parallel", "n_ctx_train", "gpu_layers_offloaded", "model_layers",
+               "gpu_free_gib", "memory_required_gib", "gpu_required_gib", "host_ram_free_gib", "host_swap_free_gib",
                "kv_usage", "running", "waiting", "preemptions_total", "prefix_cache_hit_rate", "samples", "window_s")
 
 
