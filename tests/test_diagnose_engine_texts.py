@@ -673,3 +673,13 @@ def test_the_oom_killer_after_such_a_placement_carries_its_numbers():
     finding = top(text)
     assert finding["class"] == "oom_weights_load"
     assert any("57.4 GiB" in note for note in finding["notes"])
+
+
+def test_a_400_on_the_openai_route_is_a_refused_request_with_the_template_among_its_readings():
+    text = ('INFO:     10.0.0.3:48284 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n'
+            'INFO:     10.0.0.4:32768 - "GET /health HTTP/1.1" 200 OK\n')
+    finding = top(text)
+    assert finding["class"] == "context_too_long" and finding["confidence"] < 0.5   # a status line, not its reason
+    assert "tokenizer_chat_template" in [a["class"] for a in finding["alternatives"]]
+    assert "response" in actions(finding)
+    assert not diagnose_text('INFO:  "POST /v1/chat/completions HTTP/1.1" 200 OK', use_planner=False).findings

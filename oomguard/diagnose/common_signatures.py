@@ -344,6 +344,14 @@ SIGNATURES: tuple[Signature, ...] = (
               pattern=r"404[^\n]{0,60}?https?://[^\s'\"/]{1,100}/api/(?:chat|generate|embed|embeddings|show)\b(?!/)",
               cause="Ollama answers 404 on its own /api routes when the model the request names is not pulled: pull "
                     "it (ollama pull MODEL), or fix the name and tag the client sends."),
+    # uvicorn's access line ("POST /v1/chat/completions HTTP/1.1" 400 Bad Request): the server refused the request's
+    # content; vLLM's OpenAI server answers 400 for its request checks (entrypoints/openai/serving_engine.py
+    # _validate_input and the chat template's errors), whose words reach only the client
+    Signature("http.openai_400", C.CONTEXT_TOO_LONG, '" 400 bad request', 0.45, "uvicorn's access log (vLLM's "
+              "OpenAI server)", require=True, pattern=r'"POST /v1/(?:chat/)?completions[^"]{0,40}" 400 ',
+              cause="The server refused a request as invalid (HTTP 400): most often the prompt plus max_tokens exceed "
+                    "max_model_len, else the chat template or a parameter was rejected. The JSON body the client got "
+                    "says which."),
     Signature("http.404", C.CONNECTION, "404 not found", 0.55, "HTTP 404 (any server)",
               cause="The server answered 404: the route the client calls does not exist there (a base URL without "
                     "/v1, a doubled slash, another API's paths)."),

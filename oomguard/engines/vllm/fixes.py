@@ -379,6 +379,10 @@ def context(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tu
     if hits and any(s.startswith("llamacpp.") for s in hits.signatures):
         fixes.insert(0, Fix("llama-server splits -c over --parallel slots; each slot gets -c / --parallel tokens",
                             action="raise -c (--ctx-size) or lower --parallel"))
+    if "http.openai_400" in _signature_ids(hits) and prompt is None and need is None:   # a status line, no numbers
+        fixes.insert(0, Fix("the server put its reason in the response body", action="read the 400 response's JSON "
+                                                                                     "(its message names the check)"))
+        return _cause(hits, n, ""), fixes
     summary = "The request is longer than the context the server allows"
     if max_len:
         summary += f" (max_model_len {max_len:,}"
