@@ -683,3 +683,12 @@ def test_a_400_on_the_openai_route_is_a_refused_request_with_the_template_among_
     assert "tokenizer_chat_template" in [a["class"] for a in finding["alternatives"]]
     assert "response" in actions(finding)
     assert not diagnose_text('INFO:  "POST /v1/chat/completions HTTP/1.1" 200 OK', use_planner=False).findings
+
+
+@pytest.mark.parametrize("text", [
+    "After the container stopped, three orphaned worker processes kept 30GB of VRAM until I killed them.",
+    "The GPU memory was not released after the server exited.",
+    "服务崩溃后显存一直被占用，没有释放",
+])
+def test_a_persons_account_of_memory_kept_by_processes_that_outlived_their_run_is_memory_in_use(text):
+    assert top(text)["class"] == "gpu_memory_in_use"

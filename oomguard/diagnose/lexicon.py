@@ -43,7 +43,11 @@ LEXICON: dict[str, tuple[str, ...]] = {
                    r"\b50[234]\b", r"bad gateway", r"(?:read|connect) time ?out", r"\bendpoints?\b",
                    r"\b404\b[^.\n]{0,60}\b(?:endpoints?|routes?|url|path)\b"),
     C.GPU_MEMORY_IN_USE: (r"(?:other|another) process", r"already (?:in use|occupied|allocated)", r"\boccupied\b",
-                          r"free memory on device"),
+                          r"free memory on device",
+                          # processes outliving their run and the memory they keep
+                          r"(?:orphan|zombie|leftover|stale|lingering)\w* (?:\S+ ){0,2}process",
+                          r"(?:memory|vram|gpu)\b[^.]{0,30}\bnot (?:be(?:en|ing) )?(?:released|freed)",
+                          r"占用", r"(?:未|没有|没)(?:得到)?释放"),
     C.OOM_RUNTIME: (r"out of memory", r"\boom\b", r"(?:failed|unable|cannot) (?:to )?allocate", r"alloc(?:ation)? failed",
                     r"not enough memory|insufficient memory"),
     C.ENGINE_BUG: (r"assert", r"segmentation fault|segfault|core dumped|sigsegv|sigabrt", r"illegal memory access",
