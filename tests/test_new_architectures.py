@@ -472,3 +472,23 @@ def test_ernie_kv_and_plan_cli(capsys):
     assert code == 0 and 40 < data["weights_gib"] < 41.5
     with pytest.raises(UsageError, match="0.9.2"):
         predict(from_catalog(ERNIE), resolve_gpu("h100"), EngineConfig(max_model_len=32768), (0, 9, 1))
+
+
+# --- EXAONE 4.0 (models/exaone4.py, from 0.10.0) ----------------------------------------------------------------------
+
+EXAONE4 = "LGAI-EXAONE/EXAONE-4.0-32B"
+
+
+def test_exaone4_layers_weights_and_windows_by_hand():
+    m = from_catalog(EXAONE4)
+    assert "exaone4" in MODELLED_TYPES and "exaone4" not in NOT_MODELLED_YET
+    # Exaone4Attention: qkv 5120 x (40 + 2 x 8) x 128 = 36,700,160; o 5120 x 5120 = 26,214,400; q_norm and k_norm
+    # RMSNorm(head_dim) 2 x 128; Exaone4GatedMLP 3 x 5120 x 27,392 = 420,741,120; post-attention and post-feedforward
+    # norms 2 x 5120 -> 483,666,176 params a layer
+    assert layer_bytes(m, 0, Parallel(), BF16, version=(0, 11, 0)) == 483_666_176 * BF16
+    # sliding_window_pattern "LLLG": three layers of a 4096-token window, then one full (layer_types agrees)
+    assert m.layer_attention[:4] == ("sliding", "sliding", "sliding", "full") and m.sliding_window == 4096
+    layout = predict(m, resolve_gpu("h100"), EngineConfig(max_model_len=32768), (0, 11, 0)).kv_layout
+    assert [type(g.spec).__name__ for g in layout.groups].count("SlidingWindowSpec") == 3
+    with pytest.raises(UsageError, match="0.10.0"):
+        predict(m, resolve_gpu("h100"), EngineConfig(max_model_len=32768), (0, 9, 2))

@@ -58,6 +58,7 @@ MODELLED_TYPES = {
     "falcon_h1",                 # models/falcon_h1.py: attention and a Mamba2 mixer side by side, then a gated MLP
     "chatglm",                   # models/chatglm.py: GLMAttention (multi_query_group_num KV heads, half-width RoPE)
     "baichuan",                  # models/baichuan.py: W_pack fused QKV, RoPE (7B) or ALiBi (13B); gone after 0.24
+    "exaone4",                   # models/exaone4.py: Llama's layers with q/k norms and a post-MLP norm; LLLG windows
     "internvl_chat",             # models/internvl.py: InternViT + mlp1 before an llm_config language model
     "minicpmv",                  # models/minicpmv.py: SigLIP (Idefics2VisionTransformer) + resampler before the LM
 }
@@ -1044,7 +1045,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         norms = 4
     if model_type == "nemotron_h":
         norms = 1   # one pre-norm per single-purpose layer
-    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmo3") or model_type in GDN_TYPES \
+    qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmo3", "exaone4") \
+        or model_type in GDN_TYPES \
         or bool(text.get("use_qk_norm"))
 
     quant = _quant_spec(top.get("quantization_config") or text.get("quantization_config"), model_id)

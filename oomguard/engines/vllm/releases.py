@@ -249,7 +249,7 @@ class VllmRelease:
 # models/registry.py lists its architecture
 _LATE_MODEL_TYPES: dict[str, Version] = {
     "ernie4_5_moe": (0, 9, 2), "deepseek_v32": (0, 11, 0), "olmo3": (0, 11, 0), "glm_moe_dsa": (0, 16, 0),
-    "gemma4": (0, 19, 0), "gemma4_text": (0, 19, 0),
+    "gemma4": (0, 19, 0), "gemma4_text": (0, 19, 0), "exaone4": (0, 10, 0),
     # registry.py: Gemma3nForConditionalGeneration from 0.9.2 (gemma3n.py, text only; gemma3n_mm.py from 0.10.1),
     # Gemma3nForCausalLM (a text-only checkpoint) from 0.10.1
     "Gemma3nForConditionalGeneration": (0, 9, 2), "Gemma3nForCausalLM": (0, 10, 1),
