@@ -492,3 +492,15 @@ def test_exaone4_layers_weights_and_windows_by_hand():
     assert [type(g.spec).__name__ for g in layout.groups].count("SlidingWindowSpec") == 3
     with pytest.raises(UsageError, match="0.10.0"):
         predict(m, resolve_gpu("h100"), EngineConfig(max_model_len=32768), (0, 9, 2))
+
+
+# --- PhiMoE (models/phimoe.py, from 0.6.x): Mixtral's experts under biased projections and LayerNorms ---------------
+
+def test_phimoe_layer_by_hand_and_its_window_on_every_layer():
+    m = from_catalog("microsoft/Phi-mini-MoE-instruct")
+    # PhiMoEAttention: qkv 4096 x (32 + 2 x 8) x 128 = 25,165,824 + bias 6,144; o 4096 x 4096 = 16,777,216 + bias
+    # 4,096 (bias=True in the code, whatever the config); experts 16 x 3 x 4096 x 960 = 188,743,680; gate 16 x 4096
+    # = 65,536; two nn.LayerNorm, weight and bias, 4 x 4096 = 16,384 -> 230,778,880 params a layer
+    assert layer_bytes(m, 0, Parallel(), BF16, version=(0, 11, 0)) == 230_778_880 * BF16
+    # the config-wide sliding_window (2047) reaches every layer through cache_config (attention/layer.py)
+    assert set(m.layer_attention) == {"sliding"} and m.sliding_window == 2047

@@ -59,6 +59,7 @@ MODELLED_TYPES = {
     "chatglm",                   # models/chatglm.py: GLMAttention (multi_query_group_num KV heads, half-width RoPE)
     "baichuan",                  # models/baichuan.py: W_pack fused QKV, RoPE (7B) or ALiBi (13B); gone after 0.24
     "exaone4",                   # models/exaone4.py: Llama's layers with q/k norms and a post-MLP norm; LLLG windows
+    "phimoe",                    # models/phimoe.py: Mixtral's experts, biased qkv/o projections, LayerNorms
     "internvl_chat",             # models/internvl.py: InternViT + mlp1 before an llm_config language model
     "minicpmv",                  # models/minicpmv.py: SigLIP (Idefics2VisionTransformer) + resampler before the LM
 }
@@ -458,7 +459,7 @@ def _layer_attention(cfg: dict, num_layers: int, model_type: str) -> tuple[tuple
     if model_type in ("gemma3_text", "gemma3") and window:
         pattern = _int(cfg, "sliding_window_pattern", "_sliding_window_pattern", default=6)
         return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(num_layers)), window, None
-    if window and cfg.get("use_sliding_window", True) is not False and model_type in ("mistral", "mixtral", "phi3", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "starcoder2"):
+    if window and cfg.get("use_sliding_window", True) is not False and model_type in ("mistral", "mixtral", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "starcoder2"):
         # A config-wide window applies to every layer (Mistral v0.1, Phi-3); Qwen sets use_sliding_window=false
         max_window_layers = _int(cfg, "max_window_layers")
         if model_type.startswith("qwen") and max_window_layers is not None:
@@ -1043,6 +1044,8 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
     norms = 2
     if model_type in ("gemma2", "gemma3_text", "gemma3"):
         norms = 4
+    if model_type == "phimoe":
+        norms = 4   # phimoe.py PhiMoEDecoderLayer: two nn.LayerNorm, weight and bias each (lm_head's bias: 1 x vocab)
     if model_type == "nemotron_h":
         norms = 1   # one pre-norm per single-purpose layer
     qk_norm = model_type in ("qwen3", "qwen3_moe", "gemma3_text", "gemma3", "olmo2", "olmo3", "exaone4") \
@@ -1062,10 +1065,11 @@ def parse_config(config: dict, model_id: str, checkpoint_bytes: int | None = Non
         layer_attention=kinds, sliding_window=window, attention_chunk_size=chunk,
         # chatglm.py GLMAttention: query_key_value bias = add_bias_linear or add_qkv_bias (_check_chatglm refuses
         # add_bias_linear)
-        qkv_bias=bool(text.get("add_qkv_bias")) if model_type == "chatglm" else
+        qkv_bias=bool(text.get("add_qkv_bias")) if model_type == "chatglm" else model_type == "phimoe" or
         bool(text.get("use_bias" if model_type == "ernie4_5_moe" else "attention_bias",
                       model_type in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"))),
-        o_bias=bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
+        # phimoe.py PhiMoEAttention: qkv_proj and o_proj with bias=True whatever the config says
+        o_bias=model_type == "phimoe" or bool(text.get("attention_bias", False)) and model_type in ("gpt_oss",),
         qk_norm=qk_norm, norms_per_layer=norms, mla=mla, moe=_moe_spec(text, num_layers, model_type), quant=quant,
         vision=_gemma3n_towers(top, hidden) if model_type == "gemma3n_text" else
         _internvl_towers(top, hidden, model_id) if top_type == "internvl_chat" else
