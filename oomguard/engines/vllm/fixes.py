@@ -556,17 +556,22 @@ def model_access(n: dict, facts: dict, hits: Hits | None = None, why: str = "") 
     return _cause(hits, n, "The model could not be fetched or read."), fixes
 
 
+# an engine defect's workaround, by the messages that show where it is
+_ENGINE_WORKAROUNDS: tuple[tuple[frozenset[str], Fix], ...] = (
+    (frozenset({"torch.dynamo", "torch.backend_compiler", "torch.inductor", "triton.compile"}),
+     Fix("skips torch.compile and CUDA graphs, where the failure is", "--enforce-eager", True)),
+    (frozenset({"vllm.custom_all_reduce_cuda_call"}),
+     Fix("tensor parallelism then all-reduces through NCCL instead of vLLM's CUDA IPC buffers",
+         "--disable-custom-all-reduce", True)),
+    (frozenset({"vllm.get_ip_dns"}),
+     Fix("vLLM then skips resolving an outside host name to find its own address", "VLLM_HOST_IP",
+         "<this host's IP address>")),
+)
+
+
 def engine_bug(n: dict, facts: dict, hits: Hits | None = None, why: str = "") -> tuple[str, list[Fix]]:
     ids = _signature_ids(hits)
-    fixes: list[Fix] = []
-    if ids & {"torch.dynamo", "torch.backend_compiler", "torch.inductor", "triton.compile"}:
-        fixes.append(Fix("skips torch.compile and CUDA graphs, where the failure is", "--enforce-eager", True))
-    if "vllm.custom_all_reduce_cuda_call" in ids:
-        fixes.append(Fix("tensor parallelism then all-reduces through NCCL instead of vLLM's CUDA IPC buffers",
-                         "--disable-custom-all-reduce", True))
-    if "vllm.get_ip_dns" in ids:
-        fixes.append(Fix("vLLM then skips resolving an outside host name to find its own address", "VLLM_HOST_IP",
-                         "<this host's IP address>"))
+    fixes = [fix for shown_by, fix in _ENGINE_WORKAROUNDS if ids & shown_by]
     version = facts.get("vllm_version")
     fixes.append(Fix("this is a defect in the engine, not your configuration",
                      action=f"upgrade vLLM{f' (running {version})' if version else ''}, or pin the last release "
