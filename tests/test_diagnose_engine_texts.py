@@ -692,3 +692,82 @@ def test_a_400_on_the_openai_route_is_a_refused_request_with_the_template_among_
 ])
 def test_a_persons_account_of_memory_kept_by_processes_that_outlived_their_run_is_memory_in_use(text):
     assert top(text)["class"] == "gpu_memory_in_use"
+
+
+# v1/worker/gpu_worker.py determine_available_memory asserts init free > current free after the profile run
+_PROFILING_CHECK = ("AssertionError: Error in memory profiling. Initial free memory {before} GiB, current free memory "
+                    "{after} GiB. This happens when other processes sharing the same container release GPU memory "
+                    "while vLLM is profiling during initialization.")
+
+
+def test_a_profiling_check_whose_numbers_did_not_move_is_the_engines_defect():
+    finding = top(_PROFILING_CHECK.format(before="30.3", after="30.3"))
+    assert finding["class"] == "engine_bug" and "30.3 GiB before and after" in finding["summary"]
+    assert "gpu_memory_in_use" in [a["class"] for a in finding["alternatives"]]
+
+
+def test_a_profiling_check_whose_free_memory_grew_is_another_process():
+    assert top(_PROFILING_CHECK.format(before="30.3", after="41.0"))["class"] == "gpu_memory_in_use"
+
+
+def test_a_second_engine_in_one_process_that_runs_out_of_memory_is_memory_in_use():
+    script = ("llm = LLM(model='org/first', tensor_parallel_size=2)\n"
+              "outputs = llm.generate(prompts)\n"
+              "llm = LLM(model='org/second', tensor_parallel_size=2)\n")
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.\n"
+    assert top(script + oom)["class"] == "gpu_memory_in_use"
+    assert top(script.split("outputs")[0] + oom)["class"] != "gpu_memory_in_use"   # one engine: not this cause
+
+
+@pytest.mark.parametrize("text,cls,words", [
+    # llm/status.go relays the runner's last "error:" line: Go's "fatal error: fault" is a SIGSEGV in the runner
+    ("Error: 500 Internal Server Error: llama runner process has terminated: error:fault", "engine_bug", "fault"),
+    # 0.1.x unpacked its runners into a temporary directory (gpu/assets.go PayloadsDir)
+    ("Error: error starting the external llama server: fork/exec /tmp/ollama123/runners/cuda_v11/ollama_llama_server: "
+     "no such file or directory", "engine_bug", "OLLAMA_TMPDIR"),
+    # convert/convert.go ConvertModel
+    ('Error: unsupported architecture "FooForCausalLM"', "model_access", "convert_hf_to_gguf"),
+    # llm/ext_server/server.cpp update_slots: the prompt's middle is erased to fit n_ctx
+    ('INFO [update_slots] input truncated | n_ctx=2048 n_erase=9000 n_keep=4 n_left=2044 n_shift=1022 tid="1"',
+     "context_too_long", "2048-token context"),
+])
+def test_ollama_messages_from_its_sources(text, cls, words):
+    finding = top(text)
+    assert finding["class"] == cls
+    assert words in finding["summary"] + actions(finding)
+
+
+def test_trl_finding_no_vllm_server_is_a_connection_failure_with_its_address():
+    finding = top("ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 240 seconds. Make sure the "
+                  "server is running by running `trl vllm-serve`.")
+    assert finding["class"] == "connection" and "0.0.0.0:8000" in finding["summary"]
+
+
+def test_a_bitsandbytes_quant_state_the_loader_does_not_know_is_the_quantization():
+    text = "ERROR 12-04 11:26:27 engine.py:366] KeyError: 'layers.3.mlp.down_proj.weight.absmax'"
+    assert top(text)["class"] == "quantization_mismatch"
+
+
+def test_vllm_ascend_with_no_memory_left_for_the_kv_cache():
+    line = "INFO 01-15 06:47:41 [worker_v1.py:270] Available memory: {}, total memory: 65452113920\n"
+    assert top(line.format(0) + "ERROR 01-15 06:47:41 [core.py:843] EngineCore failed to start.")["class"] == \
+        "no_cache_blocks"
+    assert not [f for f in diagnose_text(line.format(21474836480), use_planner=False).to_dict()["findings"]
+                if f["class"] == "no_cache_blocks"]
+
+
+def test_the_api_servers_wait_for_a_failed_engine_offers_the_engines_startup_checks():
+    text = ('  File "/usr/lib/python3/dist-packages/vllm/v1/engine/utils.py", line 1119, in launch_core_engines\n'
+            '    wait_for_engine_startup(\n'
+            '  File "/usr/lib/python3/dist-packages/vllm/v1/engine/utils.py", line 1178, in wait_for_engine_startup\n'
+            '    raise RuntimeError(\n'
+            'RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n')
+    finding = top(text)
+    assert finding["class"] == "unknown" and "paste the log" in actions(finding)
+    assert [a["class"] for a in finding["alternatives"]][:2] == ["kv_cache_too_small", "no_cache_blocks"]
+
+
+def test_an_unsupported_architecture_cut_mid_word_is_still_read_with_the_model_as_a_reading():
+    finding = top("ValueError: Model architectures ['FooForSequenceClassification'] are not supported for no")
+    assert finding["class"] == "engine_bug"
+    assert "model_access" in [a["class"] for a in finding["alternatives"]]

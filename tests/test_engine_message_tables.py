@@ -186,6 +186,14 @@ SAMPLES = {
     # Go's os/exec ExitError as Ollama wraps it (llm/server.go WaitUntilRunning)
     "ollama.runner_crash_status": ("Error: llama runner process has terminated: exit status 0xc000001d",
                                    {"exit_status": "0xc000001d"}),
+    "ollama.runner_fault": ("Error: llama runner process has terminated: error:fault", {"reason": "fault"}),
+    "ollama.runner_binary_missing": (
+        "Error: error starting the external llama server: fork/exec /tmp/ollama1/runners/metal/ollama_llama_server: "
+        "no such file or directory", {"path": "/tmp/ollama1/runners/metal/ollama_llama_server"}),
+    "ollama.convert_unsupported_arch": ('Error: unsupported architecture "DbrxForCausalLM"',
+                                        {"architecture": "DbrxForCausalLM"}),
+    "ollama.input_truncated": ('INFO [update_slots] input truncated | n_ctx=2048 n_erase=14097 n_keep=4 n_left=2044',
+                               {"n_ctx": "2048", "n_erase": "14097"}),
     # TGI: the f-string of flash_causal_lm.py warmup; the thiserror formats of router/src/validation.rs and
     # backends/v3/src/lib.rs
     "tgi.warmup_prefill": ("RuntimeError: Not enough memory to handle 4096 prefill tokens. You need to decrease "

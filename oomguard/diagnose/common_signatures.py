@@ -422,8 +422,12 @@ SIGNATURES: tuple[Signature, ...] = (
               "has no bfloat16 support."),
     # --- quantized checkpoints vs loader ---
     Signature("quant.key", C.QUANTIZATION_MISMATCH, "keyerror: '", 0.3, "weight loading", kind="hint", require=True,
-              pattern=r"KeyError: '(?P<key>[^']*(?:weight_scale|qweight|qzeros|scales|g_idx|input_scale)[^']*)'",
-              cause="A quantized tensor name does not match what the loader expects."),
+              pattern=r"KeyError: '(?P<key>[^']*(?:weight_scale|qweight|qzeros|scales|g_idx|input_scale|weight_packed|"
+                      r"absmax|quant_map|quant_state)[^']*)'",
+              # bitsandbytes keeps absmax / quant_map / quant_state beside each 4-bit weight; GPTQ/AWQ qweight,
+              # qzeros, scales, g_idx; FP8 and compressed-tensors weight_scale, input_scale, weight_packed
+              cause="A quantized tensor name does not match what the loader expects: the checkpoint is quantized "
+                    "with a method the loader was not told of (bitsandbytes needs --quantization bitsandbytes)."),
     # --- crashes that are the engine's fault, not the configuration's ---
     Signature("cuda.illegal_access", C.ENGINE_BUG, "an illegal memory access was encountered", 0.85, "CUDA runtime",
               kind="bug", cause="A GPU kernel read or wrote out of bounds: a bug in the engine or its kernels."),

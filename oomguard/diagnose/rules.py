@@ -64,6 +64,9 @@ def place_oom(event: OomEvent, facts: dict, final_phase: str = "start", hints: f
         return FailureClass.OOM_PROFILING_OR_GRAPH, 0.88, f"the traceback is in {where}"
     if frames & WEIGHT_FRAMES:
         return FailureClass.OOM_WEIGHTS_LOAD, 0.88, "the traceback is in model loading"
+    if "engine_recreated" in hints:
+        return FailureClass.GPU_MEMORY_IN_USE, 0.75, "the text makes a second engine in the same Python process, " \
+            "and the first one's GPU memory is freed only when the process ends"
     if planned_weights and planned_weights[0] >= planned_weights[1]:
         # the weights alone overflow the GPU: loading cannot finish, whatever phase the log stopped in
         weights, gpu_total = planned_weights
@@ -470,7 +473,9 @@ SHARED_SYMPTOM: dict[str, tuple[tuple[str, str], ...]] = {
                      (C.QUANTIZATION_MISMATCH, "quantized weights that do not split fail alike")),
     C.NCCL: ((C.TP_MISCONFIG, "a parallel layout the GPUs cannot hold fails the same setup"),
              (C.ENGINE_BUG, "a crash in one rank leaves the others waiting the same way")),
-    C.ENGINE_BUG: ((C.OOM_RUNTIME, "a crash while serving is often memory running out"),),
+    C.ENGINE_BUG: ((C.OOM_RUNTIME, "a crash while serving is often memory running out"),
+                   (C.MODEL_ACCESS, "a model or file format the release does not implement fails the same way: "
+                                    "another checkpoint of the model is the other way out")),
     C.UNKNOWN: ((C.ENGINE_BUG, "an error that none of the known configuration, memory or access checks prints is "
                                "most often the engine's (or a library's) own failure"),),
 }
@@ -546,8 +551,10 @@ def _precedence(scored: list, generic: set = frozenset(), network_lines: set = f
         elif cls == FailureClass.CONNECTION and strong.keys() & _SERVER_CLASSES and line not in network_lines:
             weight -= 0.3   # a refused or dropped connection after a server failure is its consequence
         if cls == FailureClass.ENGINE_BUG and kind == "bug" and \
-                any(c != FailureClass.ENGINE_BUG and w >= 0.8 for c, w in strong.items()):
-            weight = min(weight, 0.6)  # a generic assertion next to a specific error: the specific one explains it
+                any(c != FailureClass.ENGINE_BUG and w >= max(0.8, weight) for c, w in strong.items()):
+            # a crash next to a specific error at least as sure: the specific one explains it (a defect message surer
+            # than the error beside it, such as a check whose own numbers show it misfired, keeps its rank)
+            weight = min(weight, 0.6)
         if kind == "hint":
             # a keyword alone only speaks when nothing firmer was found
             weight = min(weight, 0.25 if any(c != cls for c in strong) else 0.45)

@@ -279,6 +279,8 @@ class Scanner:
                     self._on_frame(text, process)
                     self.last_frame_line = number
                 elif kind == "phase_hint":
+                    if payload in self.phase_hints and payload in startup_log.REPEATED_HINTS:
+                        self.phase_hints.add(startup_log.REPEATED_HINTS[payload])
                     self.phase_hints.add(payload)
                 elif kind == "engine":
                     self.engines.add(payload)

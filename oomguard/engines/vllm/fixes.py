@@ -644,11 +644,16 @@ def feature_fixes(facts: dict) -> tuple[list[Fix], str]:
     return fixes, note
 
 
+# a message that points elsewhere for its cause ("see root cause above"): the engine process's own lines hold it
+_PASTE_ENGINE_LOG = Fix("the engine process's own lines name the cause", action="paste the log from the first ERROR "
+                        "of the engine process (EngineCore, or a worker) to the end")
+
+
 def build(cls: FailureClass, n: dict, facts: dict, hits: Hits | None, why: str = "") -> tuple[str, list[Fix]]:
     """The cause and the fixes for one finding."""
     builder = BUILDERS.get(cls)
     if builder is None:   # a known message of no class oomguard fixes (no GPU visible, an ECC error): its cause
-        return _cause(hits, n, "Unrecognised failure."), []
+        return _cause(hits, n, "Unrecognised failure."), [_PASTE_ENGINE_LOG] if cls is FailureClass.UNKNOWN else []
     cause, fixes = builder(n, facts, hits, why)
     if cls in _MEMORY:
         extra, note = feature_fixes(facts)

@@ -128,7 +128,13 @@ PHASE_HINTS: tuple[tuple[str, str], ...] = (
     ("capturing", "capturing"), ("loading the model", "loading"), ("loading weights", "loading"),
     ("prompt_logprobs", "serving"), ("logprobs", "serving"), ("concurrent requests", "serving"),
     ("while serving", "serving"), ("under load", "serving"), ("during inference", "serving"),
+    # an engine made twice in one Python process: vLLM frees an LLM's GPU memory only when its process ends
+    # (entrypoints/llm.py has no teardown before LLM.shutdown), so the second one finds the first's memory held
+    ("= llm(", "engine_created"), ("del llm", "engine_recreated"), ("destroy_model_parallel", "engine_recreated"),
+    ("cleanup_dist_env_and_memory", "engine_recreated"), ("second llm", "engine_recreated"),
 )
+# a hint seen a second time that means another: the same engine constructor twice
+REPEATED_HINTS = {"engine_created": "engine_recreated"}
 
 # Functions in a traceback that say where an out-of-memory error happened (vllm/v1/worker/*, worker/* V0,
 # model_executor/model_loader/*).
@@ -222,10 +228,21 @@ STAGES: tuple[Stage, ...] = (
 STAGE_FUNCTIONS = frozenset().union(*(stage.frames for stage in STAGES)) - {HTTP_CLIENT_FRAME, DEVICE_CONTEXT_FRAME}
 
 
+# The API server's wait for the engine process (v1/engine/utils.py wait_for_engine_startup, launch_core_engines;
+# v1/engine/core_client.py): it stands outside the stages above, so it counts only when no frame of theirs is in the
+# text. What fails there is the engine process's startup, whose own log is missing: its commonest ends are the checks
+# it runs last, the KV cache's size against the context and the memory left for it
+ENGINE_STARTUP_WAIT = Stage("the wait for the engine process's startup (its own log, above, has the cause)",
+                            (FailureClass.KV_CACHE_TOO_SMALL, FailureClass.NO_CACHE_BLOCKS,
+                             FailureClass.OOM_PROFILING_OR_GRAPH),
+                            frozenset({"wait_for_engine_startup", "launch_core_engines"}))
+
+
 def stage_of(frames) -> Stage | None:
     """The stage of the innermost frame any stage knows (frames outermost first, as a traceback prints them)."""
-    for func in reversed(tuple(frames)):
+    frames = tuple(frames)
+    for func in reversed(frames):
         for stage in STAGES:
             if func in stage.frames:
                 return stage
-    return None
+    return ENGINE_STARTUP_WAIT if ENGINE_STARTUP_WAIT.frames.intersection(frames) else None
