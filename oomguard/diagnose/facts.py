@@ -283,16 +283,16 @@ def _llamacpp(raw: dict, facts: dict) -> None:
 def _ollama(raw: dict, facts: dict) -> None:
     """The server's placement line (llm/server.go): layers on the GPU of the model's, the memory the whole model and
     the GPUs' part need, the VRAM free, and the host's free RAM and swap; sizes in GiB, summed over the GPUs."""
-    from oomguard.diagnose.oom import gib
+    from oomguard.diagnose.oom import sizes_gib
     for name, key in (("ollama_layers_model", "model_layers"), ("ollama_layers_offload", "gpu_layers_offloaded")):
         if name in raw:
             facts.setdefault(key, int(raw[name]["v"]))
     for name, key in (("ollama_vram_available", "gpu_free_gib"), ("ollama_required_full", "memory_required_gib"),
                       ("ollama_required_allocations", "gpu_required_gib"), ("ollama_ram_free", "host_ram_free_gib"),
                       ("ollama_swap_free", "host_swap_free_gib")):
-        sizes = re.findall(r"([\d.]+) ?([KMGT]?i?B)\b", raw[name]["v"], re.I) if name in raw else []
+        sizes = sizes_gib(raw[name]["v"]) if name in raw else []
         if sizes:
-            facts.setdefault(key, round(sum(gib(value, unit) for value, unit in sizes), 2))
+            facts.setdefault(key, round(sum(sizes), 2))
 
 
 def _jsonable(value) -> bool:

@@ -38,6 +38,14 @@ def gib(value: str, unit: str) -> float:
     return float(value) * _UNIT.get(unit.lower(), 1.0)
 
 
+_ANY_SIZE = re.compile(_SIZE, re.I)
+
+
+def sizes_gib(text: str) -> list[float]:
+    """Every size written in `text` ("11.4 GiB", "512 MiB", "0 B"), in GiB."""
+    return [gib(value, unit) for value, unit in _ANY_SIZE.findall(text)]
+
+
 def parse(text: str) -> dict:
     """Numbers of one OOM message, all in GiB: tried, total, free, self, other processes (pid -> GiB)."""
     out: dict = {}
