@@ -147,7 +147,10 @@ _SPLIT_FILES = ("collected_c.jsonl", "collected_d.jsonl")
 # way during the twelfth round, was scored once unread at its end: 20/40 top-1, 24/40 top-3, two reports without a
 # finding (the round's starting code: 19/40, 23/40). It was read in the thirteenth round, once collected_v.jsonl was
 # being collected (29/40, 33/40 after the wordings its misses led to).
-_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl")
+# collected_v.jsonl (40: vLLM and projects that run it 18, llama.cpp and its wrappers 8, Ollama 8, SGLang, TGI and
+# LMDeploy 6; 7 engine bugs), collected the same way during the thirteenth round, was scored once unread at its end:
+# 25/40 top-1, 32/40 top-3, one report without a finding (the same with the round's starting code).
+_FRESH_FILES = ("collected_e.jsonl", "collected_i.jsonl", "collected_v.jsonl")
 _READ_FRESH_FILES = ("collected_f.jsonl", "collected_g.jsonl", "collected_h.jsonl", "collected_j.jsonl",
                      "collected_k.jsonl", "collected_l.jsonl", "collected_m.jsonl", "collected_n.jsonl",
                      "collected_o.jsonl", "collected_p.jsonl", "collected_q.jsonl", "collected_r.jsonl",
